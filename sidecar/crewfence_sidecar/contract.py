@@ -1,0 +1,485 @@
+"""The sidecar wire contract: validation, canonical request hash, record and event shapes.
+
+This is the ONE copy of the contract. The operator imports it, so it must stay cheap:
+standard library plus ``rfc8785`` only, never crewai.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Final
+
+import rfc8785
+
+SCHEMA_VERSION: Final = "crewfence.dev/sidecar/v1"
+
+# --- headers ---------------------------------------------------------------------------------
+IDEMPOTENCY_KEY_HEADER: Final = "Idempotency-Key"
+ARCHIVE_CONFIRMATION_HEADER: Final = "X-AIP-Archive-Confirmation"
+PREFER_HEADER: Final = "Prefer"
+PREFER_ASYNC: Final = "respond-async"
+JOURNAL_ID_HEADER: Final = "X-Crewfence-Journal-Id"
+
+# --- limits ----------------------------------------------------------------------------------
+MAX_ID_CHARS: Final = 256
+MAX_KEY_BYTES: Final = 512
+TIMEOUT_MS_MIN: Final = 1
+TIMEOUT_MS_MAX: Final = 3_600_000
+TIMEOUT_MS_DEFAULT: Final = 600_000
+MAX_INPUT_BYTES: Final = 1024 * 1024
+# A start body is the input plus a few short fields; this is the HTTP body limit (413 above it).
+MAX_BODY_BYTES: Final = MAX_INPUT_BYTES + 4096
+MAX_REASON_CHARS: Final = 1024
+MAX_ITERATIONS: Final = 100
+MAX_BATCH_INPUTS: Final = 1000
+MAX_QUERIES: Final = 100
+MAX_RESULTS_LIMIT: Final = 100
+ARTIFACT_NAME_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+class Status(StrEnum):
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+TERMINAL_STATUSES: Final = frozenset({Status.COMPLETED, Status.FAILED, Status.CANCELLED})
+
+
+class EventName(StrEnum):
+    STARTED = "started"
+    CHUNK = "chunk"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+TERMINAL_EVENTS: Final = frozenset({EventName.COMPLETED, EventName.FAILED, EventName.CANCELLED})
+TERMINAL_EVENT_FOR_STATUS: Final = {
+    Status.COMPLETED: EventName.COMPLETED,
+    Status.FAILED: EventName.FAILED,
+    Status.CANCELLED: EventName.CANCELLED,
+}
+
+
+class Operation(StrEnum):
+    RUN = "run"
+    BATCH_RUN = "batch_run"
+    REPLAY = "replay"
+    TRAIN = "train"
+    TEST = "test"
+    KNOWLEDGE_QUERY = "knowledge_query"
+    MEMORY_RESET = "memory_reset"
+
+
+@dataclass(frozen=True)
+class OperationTraits:
+    cancellable: bool
+    """Runtime cancellation is advertised for this operation (the cancel route accepts any)."""
+    thread_backed: bool
+    """Runs in a worker thread that keeps going after its waiter is cancelled."""
+
+
+OPERATION_TRAITS: Final[dict[Operation, OperationTraits]] = {
+    Operation.RUN: OperationTraits(cancellable=True, thread_backed=False),
+    Operation.BATCH_RUN: OperationTraits(cancellable=True, thread_backed=False),
+    Operation.REPLAY: OperationTraits(cancellable=True, thread_backed=True),
+    Operation.TRAIN: OperationTraits(cancellable=True, thread_backed=True),
+    Operation.TEST: OperationTraits(cancellable=True, thread_backed=True),
+    Operation.KNOWLEDGE_QUERY: OperationTraits(cancellable=False, thread_backed=False),
+    Operation.MEMORY_RESET: OperationTraits(cancellable=False, thread_backed=True),
+}
+
+MEMORY_RESET_COMMANDS: Final = frozenset(
+    {"memory", "knowledge", "agent_knowledge", "kickoff_outputs", "all",
+     "long", "short", "entity", "external"}
+)
+
+
+# --- errors ----------------------------------------------------------------------------------
+class ContractError(Exception):
+    """A request that breaks the contract; ``status`` is the HTTP status to answer with."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+
+    def to_wire(self) -> dict[str, Any]:
+        return error_body(self.code, self.message)
+
+
+def error_body(code: str, message: str, **extra: Any) -> dict[str, Any]:
+    """The JSON body of every non-2xx sidecar answer."""
+    return {"error": {"code": code, "message": message, **extra}}
+
+
+class FailureCategory(StrEnum):
+    AUTH = "Auth"
+    TEMPORARY = "Temporary"
+    PERMANENT = "Permanent"
+    TRANSPORT = "Transport"
+    CONNECTOR = "Connector"
+    EXECUTION = "Execution"
+
+
+def classify_http_status(status: int) -> FailureCategory:
+    """The reference's taxonomy for a sidecar answer that is not a success."""
+    if status in (401, 403):
+        return FailureCategory.AUTH
+    if status == 429 or 500 <= status <= 599:
+        return FailureCategory.TEMPORARY
+    return FailureCategory.PERMANENT
+
+
+# --- idempotency key -------------------------------------------------------------------------
+def validate_idempotency_key(value: str | None) -> str:
+    """Return the key unchanged, or raise 428 (missing/blank) or 400 (malformed)."""
+    if value is None or value.strip() == "":
+        raise ContractError(428, "idempotency_key_required",
+                            f"header {IDEMPOTENCY_KEY_HEADER} is required")
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in value):
+        raise ContractError(400, "idempotency_key_invalid",
+                            f"{IDEMPOTENCY_KEY_HEADER} contains a control character")
+    try:
+        encoded = value.encode("utf-8")
+    except UnicodeEncodeError:  # lone surrogates
+        raise ContractError(400, "idempotency_key_invalid",
+                            f"{IDEMPOTENCY_KEY_HEADER} is not valid UTF-8") from None
+    if len(encoded) > MAX_KEY_BYTES:
+        raise ContractError(400, "idempotency_key_invalid",
+                            f"{IDEMPOTENCY_KEY_HEADER} is over {MAX_KEY_BYTES} UTF-8 bytes")
+    return value
+
+
+# --- start request ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StartRequest:
+    crew_id: str
+    action_id: str
+    operation: Operation
+    input: dict[str, Any]
+    timeout_ms: int | None = None
+    """None when the request omitted it (the hash then carries ``null``)."""
+
+    @property
+    def effective_timeout_ms(self) -> int:
+        return TIMEOUT_MS_DEFAULT if self.timeout_ms is None else self.timeout_ms
+
+    def to_wire(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "crew_id": self.crew_id, "action_id": self.action_id,
+            "operation": self.operation.value, "input": self.input,
+        }
+        if self.timeout_ms is not None:
+            body["timeout_ms"] = self.timeout_ms
+        return body
+
+
+START_FIELDS: Final = frozenset({"crew_id", "action_id", "operation", "input", "timeout_ms"})
+REQUIRED_START_FIELDS: Final = frozenset({"crew_id", "action_id", "operation", "input"})
+
+
+def validate_id(name: str, value: object) -> str:
+    """crew_id / action_id: a string of 1..MAX_ID_CHARS characters, valid UTF-8."""
+    if not isinstance(value, str):
+        raise ContractError(400, "invalid_request", f"{name} must be a string")
+    if not 1 <= len(value) <= MAX_ID_CHARS:
+        raise ContractError(400, "invalid_request",
+                            f"{name} must have 1..{MAX_ID_CHARS} characters")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ContractError(400, "invalid_request", f"{name} is not valid UTF-8") from None
+    return value
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def encoded_size(value: Any) -> int:
+    """Bytes of the compact JSON encoding (the measure for the input bound)."""
+    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False,
+                          allow_nan=False).encode("utf-8", "surrogatepass"))
+
+
+def parse_start_request(body: object) -> StartRequest:
+    """Validate the shape of a start body (400/413); per-operation input is separate (422)."""
+    if not isinstance(body, dict):
+        raise ContractError(400, "invalid_request", "the body must be a JSON object")
+    unknown = sorted(set(body) - START_FIELDS)
+    if unknown:
+        raise ContractError(400, "unknown_fields",
+                            f"unknown fields: {', '.join(map(str, unknown))[:200]}")
+    missing = sorted(REQUIRED_START_FIELDS - set(body))
+    if missing:
+        raise ContractError(400, "invalid_request", f"missing fields: {', '.join(missing)}")
+    crew_id = validate_id("crew_id", body["crew_id"])
+    action_id = validate_id("action_id", body["action_id"])
+    raw_op = body["operation"]
+    if not isinstance(raw_op, str) or raw_op not in Operation.__members__.values():
+        raise ContractError(400, "invalid_request",
+                            f"operation must be one of: {', '.join(Operation)}")
+    operation = Operation(raw_op)
+    raw_input = body["input"]
+    if not isinstance(raw_input, dict):
+        raise ContractError(400, "invalid_request", "input must be a JSON object")
+    try:
+        size = encoded_size(raw_input)
+    except (ValueError, TypeError):
+        raise ContractError(400, "invalid_request", "input is not finite JSON") from None
+    if size > MAX_INPUT_BYTES:
+        raise ContractError(413, "input_too_large", f"input is over {MAX_INPUT_BYTES} bytes")
+    timeout_ms = body.get("timeout_ms")
+    if timeout_ms is not None:
+        if not _is_int(timeout_ms) or not TIMEOUT_MS_MIN <= timeout_ms <= TIMEOUT_MS_MAX:
+            raise ContractError(400, "invalid_request",
+                                f"timeout_ms must be an integer {TIMEOUT_MS_MIN}..{TIMEOUT_MS_MAX}")
+    return StartRequest(crew_id=crew_id, action_id=action_id, operation=operation,
+                        input=raw_input, timeout_ms=timeout_ms)
+
+
+def request_hash(req: StartRequest, idempotency_key: str) -> str:
+    """SHA-256 hex over the RFC 8785 canonical JSON of the request identity."""
+    material = {
+        "crew_id": req.crew_id,
+        "action_id": req.action_id,
+        "operation": req.operation.value,
+        "input": req.input,
+        "timeout_ms": req.timeout_ms,
+        "idempotency_key": idempotency_key,
+    }
+    try:
+        canonical = rfc8785.dumps(material)
+    except (rfc8785.CanonicalizationError, ValueError, TypeError) as exc:
+        raise ContractError(400, "invalid_request",
+                            f"request cannot be canonicalised: {type(exc).__name__}") from None
+    return hashlib.sha256(canonical).hexdigest()
+
+
+# --- per-operation input ---------------------------------------------------------------------
+def _invalid(message: str) -> ContractError:
+    return ContractError(422, "invalid_input", message)
+
+
+def _check_keys(op: Operation, value: dict[str, Any], required: set[str],
+                optional: set[str]) -> None:
+    unknown = sorted(set(value) - required - optional)
+    if unknown:
+        raise _invalid(f"{op.value}: unknown input fields: {', '.join(unknown)[:200]}")
+    missing = sorted(required - set(value))
+    if missing:
+        raise _invalid(f"{op.value}: missing input fields: {', '.join(missing)}")
+
+
+def _check_inputs_obj(op: Operation, value: object, name: str = "inputs") -> None:
+    if not isinstance(value, dict):
+        raise _invalid(f"{op.value}: {name} must be an object")
+    if not all(isinstance(k, str) for k in value):
+        raise _invalid(f"{op.value}: {name} keys must be strings")
+
+
+def _check_iterations(op: Operation, value: object) -> None:
+    if not _is_int(value) or not 1 <= value <= MAX_ITERATIONS:  # type: ignore[operator]
+        raise _invalid(f"{op.value}: n_iterations must be an integer 1..{MAX_ITERATIONS}")
+
+
+def _check_nonempty_str(op: Operation, name: str, value: object, limit: int = 1024) -> None:
+    if not isinstance(value, str) or not value.strip() or len(value) > limit:
+        raise _invalid(f"{op.value}: {name} must be a non-empty string of at most {limit} chars")
+
+
+def validate_artifact_name(value: object) -> str:
+    """A train artifact name: a plain file name confined to the training directory."""
+    if not isinstance(value, str) or not ARTIFACT_NAME_RE.fullmatch(value):
+        raise _invalid("train: artifact_name must match " + ARTIFACT_NAME_RE.pattern)
+    return value
+
+
+def validate_operation_input(op: Operation, value: dict[str, Any]) -> None:
+    """Raise 422 when ``value`` is no valid input for ``op``."""
+    if not isinstance(value, dict):
+        raise _invalid("input must be an object")
+    if op is Operation.RUN:
+        _check_inputs_obj(op, value, "input")
+    elif op is Operation.BATCH_RUN:
+        _check_keys(op, value, {"inputs"}, set())
+        items = value["inputs"]
+        if not isinstance(items, list) or not 1 <= len(items) <= MAX_BATCH_INPUTS:
+            raise _invalid(f"batch_run: inputs must be a list of 1..{MAX_BATCH_INPUTS} objects")
+        for item in items:
+            _check_inputs_obj(op, item, "each inputs item")
+    elif op is Operation.REPLAY:
+        _check_keys(op, value, {"task_id"}, {"inputs"})
+        _check_nonempty_str(op, "task_id", value["task_id"], 256)
+        if "inputs" in value:
+            _check_inputs_obj(op, value["inputs"])
+    elif op is Operation.TRAIN:
+        _check_keys(op, value, {"n_iterations", "artifact_name"}, {"inputs", "feedback"})
+        _check_iterations(op, value["n_iterations"])
+        validate_artifact_name(value["artifact_name"])
+        if "inputs" in value:
+            _check_inputs_obj(op, value["inputs"])
+        if "feedback" in value:
+            fb = value["feedback"]
+            if not isinstance(fb, list) or not all(isinstance(x, str) for x in fb):
+                raise _invalid("train: feedback must be a list of strings")
+    elif op is Operation.TEST:
+        _check_keys(op, value, {"n_iterations", "eval_llm"}, {"inputs"})
+        _check_iterations(op, value["n_iterations"])
+        _check_nonempty_str(op, "eval_llm", value["eval_llm"], 256)
+        if "inputs" in value:
+            _check_inputs_obj(op, value["inputs"])
+    elif op is Operation.KNOWLEDGE_QUERY:
+        _check_keys(op, value, {"query"}, {"results_limit", "score_threshold"})
+        query = value["query"]
+        if (not isinstance(query, list) or not 1 <= len(query) <= MAX_QUERIES
+                or not all(isinstance(q, str) and q.strip() for q in query)):
+            raise _invalid(f"knowledge_query: query must be a list of 1..{MAX_QUERIES} "
+                           "non-empty strings")
+        if "results_limit" in value:
+            limit = value["results_limit"]
+            if not _is_int(limit) or not 1 <= limit <= MAX_RESULTS_LIMIT:
+                raise _invalid(f"knowledge_query: results_limit must be 1..{MAX_RESULTS_LIMIT}")
+        if "score_threshold" in value:
+            thr = value["score_threshold"]
+            if (not isinstance(thr, int | float) or isinstance(thr, bool)
+                    or not math.isfinite(thr) or not 0 <= thr <= 1):
+                raise _invalid("knowledge_query: score_threshold must be a number 0..1")
+    elif op is Operation.MEMORY_RESET:
+        _check_keys(op, value, {"command_type"}, set())
+        if value["command_type"] not in MEMORY_RESET_COMMANDS:
+            raise _invalid("memory_reset: command_type must be one of: "
+                           + ", ".join(sorted(MEMORY_RESET_COMMANDS)))
+    else:  # pragma: no cover - Operation is closed
+        raise _invalid(f"unknown operation {op}")
+
+
+# --- cancel request --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CancelRequest:
+    crew_id: str
+    action_id: str
+    reason: str | None = None
+
+
+def parse_cancel_request(body: object, path_action_id: str) -> CancelRequest:
+    if not isinstance(body, dict):
+        raise ContractError(400, "invalid_request", "the body must be a JSON object")
+    unknown = sorted(set(body) - {"crew_id", "action_id", "reason"})
+    if unknown:
+        raise ContractError(400, "unknown_fields",
+                            f"unknown fields: {', '.join(map(str, unknown))[:200]}")
+    if "crew_id" not in body or "action_id" not in body:
+        raise ContractError(400, "invalid_request", "crew_id and action_id are required")
+    crew_id = validate_id("crew_id", body["crew_id"])
+    action_id = validate_id("action_id", body["action_id"])
+    if action_id != path_action_id:
+        raise ContractError(400, "invalid_request", "action_id does not match the path")
+    reason = body.get("reason")
+    if reason is not None and (not isinstance(reason, str) or len(reason) > MAX_REASON_CHARS):
+        raise ContractError(400, "invalid_request",
+                            f"reason must be a string of at most {MAX_REASON_CHARS} chars")
+    return CancelRequest(crew_id=crew_id, action_id=action_id, reason=reason)
+
+
+# --- records and events ----------------------------------------------------------------------
+@dataclass
+class JobEvent:
+    event: str
+    sequence: int
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"event": self.event, "sequence": self.sequence, "data": self.data}
+
+    @classmethod
+    def from_wire(cls, raw: dict[str, Any]) -> JobEvent:
+        return cls(event=str(raw["event"]), sequence=int(raw["sequence"]),
+                   data=dict(raw.get("data") or {}))
+
+
+@dataclass
+class JobRecord:
+    action_id: str
+    crew_id: str
+    operation: str
+    request_hash: str
+    status: Status
+    event_count: int
+    created_at: str
+    updated_at: str
+    output: Any = None
+    error: dict[str, Any] | None = None
+    uncertain_outcome: bool = False
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "action_id": self.action_id,
+            "crew_id": self.crew_id,
+            "operation": self.operation,
+            "request_hash": self.request_hash,
+            "status": self.status.value,
+            "event_count": self.event_count,
+            "output": self.output,
+            "error": self.error,
+            "uncertain_outcome": self.uncertain_outcome,
+            "created_at": self.created_at,
+            "updated_at": self.updated_at,
+        }
+
+    @classmethod
+    def from_wire(cls, raw: dict[str, Any]) -> JobRecord:
+        return cls(
+            action_id=str(raw["action_id"]), crew_id=str(raw["crew_id"]),
+            operation=str(raw["operation"]), request_hash=str(raw["request_hash"]),
+            status=Status(raw["status"]), event_count=int(raw["event_count"]),
+            created_at=str(raw["created_at"]), updated_at=str(raw["updated_at"]),
+            output=raw.get("output"), error=raw.get("error"),
+            uncertain_outcome=bool(raw.get("uncertain_outcome", False)),
+        )
+
+
+@dataclass(frozen=True)
+class Tombstone:
+    """What remains of an archived record: enough to refuse running it again (410)."""
+
+    action_id: str
+    crew_id: str
+    operation: str
+    request_hash: str
+    status: Status
+    archived_at: str
+    uncertain_outcome: bool = False
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "action_id": self.action_id, "crew_id": self.crew_id, "operation": self.operation,
+            "request_hash": self.request_hash, "status": self.status.value,
+            "archived_at": self.archived_at, "uncertain_outcome": self.uncertain_outcome,
+            "archived": True,
+        }
+
+
+def events_page(action_id: str, cursor: int, status: Status,
+                events: list[JobEvent]) -> dict[str, Any]:
+    """The JSON page of GET /jobs/{id}/events."""
+    return {
+        "action_id": action_id,
+        "cursor": cursor,
+        "next_cursor": cursor + len(events),
+        "status": status.value,
+        "events": [e.to_wire() for e in events],
+    }
