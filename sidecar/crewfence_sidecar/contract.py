@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Final
+from urllib.parse import quote
 
 import rfc8785
 
@@ -24,6 +25,7 @@ ARCHIVE_CONFIRMATION_HEADER: Final = "X-AIP-Archive-Confirmation"
 PREFER_HEADER: Final = "Prefer"
 PREFER_ASYNC: Final = "respond-async"
 JOURNAL_ID_HEADER: Final = "X-Crewfence-Journal-Id"
+EXACT_REPEAT_HEADER: Final = "X-Crewfence-Exact-Repeat"
 
 # --- limits ----------------------------------------------------------------------------------
 MAX_ID_CHARS: Final = 256
@@ -483,3 +485,8 @@ def events_page(action_id: str, cursor: int, status: Status,
         "status": status.value,
         "events": [e.to_wire() for e in events],
     }
+
+
+def job_path(action_id: str, suffix: str = "") -> str:
+    """The URL path of a job: action ids (e.g. ``ns/name``) are percent-encoded, ``/`` too."""
+    return f"/jobs/{quote(action_id, safe='')}{suffix}"

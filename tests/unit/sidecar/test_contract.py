@@ -7,10 +7,9 @@ import json
 
 import pytest
 import rfc8785
+from crewfence_sidecar import contract as c
 from hypothesis import given
 from hypothesis import strategies as st
-
-from crewfence_sidecar import contract as c
 
 
 def _req(**over: object) -> dict[str, object]:

@@ -1,0 +1,118 @@
+"""Operator configuration: one dataclass, filled from the environment and overridden by flags."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from crewfence_operator import constants as c
+
+ENV_PREFIX = "CREWFENCE_OPERATOR_"
+
+
+class WebhookMode(StrEnum):
+    OFF = "off"
+    """No admission server (the audit and the operator's own rules still fence)."""
+    MANAGED = "managed"
+    """Out of cluster: kopf manages a ValidatingWebhookConfiguration with a URL client config."""
+    SERVICE = "service"
+    """In cluster: serve only; the chart ships a Service-based configuration."""
+
+
+@dataclass(frozen=True)
+class WebhookConfig:
+    mode: WebhookMode = WebhookMode.OFF
+    addr: str = "127.0.0.1"
+    port: int = 9443
+    host: str | None = None
+    """Hostname put into the URL client config (managed mode); defaults to ``addr``."""
+    cert_dir: str | None = None
+    """Where to write (or find) ``tls.crt``/``tls.key``/``ca.crt``; a temp dir when unset."""
+    config_name: str = c.WEBHOOK_CONFIG_NAME
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    namespaces: tuple[str, ...] = ()
+    all_namespaces: bool = False
+    standalone: bool = True
+    peering_name: str = c.PEERING_DEFAULT_NAME
+    priority: int = 0
+    liveness_port: int = 8080
+    metrics_port: int = 9090
+    metrics_addr: str = "0.0.0.0"  # noqa: S104 - scraped by Prometheus from outside the pod
+    sidecar_image: str = c.DEFAULT_IMAGE
+    image_pull_policy: str = "IfNotPresent"
+    sidecar_port: int = c.SIDECAR_PORT
+    status_interval: float = 5.0
+    """Seconds between replica status refreshes (per Crew daemon)."""
+    audit_interval: float = 15.0
+    """Seconds between shared-state audits (per Crew)."""
+    health_timeout: float = 3.0
+    """Seconds to wait for a replica's /health."""
+    webhook: WebhookConfig = field(default_factory=WebhookConfig)
+    verbose: bool = False
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorConfig:
+        e = os.environ if env is None else env
+
+        def get(name: str) -> str | None:
+            value = e.get(ENV_PREFIX + name)
+            return value if value not in (None, "") else None
+
+        def get_int(name: str, default: int) -> int:
+            value = get(name)
+            return default if value is None else int(value)
+
+        def get_float(name: str, default: float) -> float:
+            value = get(name)
+            return default if value is None else float(value)
+
+        def get_bool(name: str, default: bool) -> bool:
+            value = get(name)
+            return default if value is None else value.lower() in ("1", "true", "yes", "on")
+
+        namespaces = tuple(n.strip() for n in (get("NAMESPACES") or "").split(",") if n.strip())
+        webhook = WebhookConfig(
+            mode=WebhookMode(get("WEBHOOK_MODE") or WebhookMode.OFF),
+            addr=get("WEBHOOK_ADDR") or "127.0.0.1",
+            port=get_int("WEBHOOK_PORT", 9443),
+            host=get("WEBHOOK_HOST"),
+            cert_dir=get("WEBHOOK_CERT_DIR"),
+            config_name=get("WEBHOOK_CONFIG_NAME") or c.WEBHOOK_CONFIG_NAME,
+        )
+        return cls(
+            namespaces=namespaces,
+            all_namespaces=get_bool("ALL_NAMESPACES", not namespaces),
+            standalone=get_bool("STANDALONE", True),
+            peering_name=get("PEERING") or c.PEERING_DEFAULT_NAME,
+            priority=get_int("PRIORITY", 0),
+            liveness_port=get_int("LIVENESS_PORT", 8080),
+            metrics_port=get_int("METRICS_PORT", 9090),
+            sidecar_image=get("SIDECAR_IMAGE") or c.DEFAULT_IMAGE,
+            image_pull_policy=get("IMAGE_PULL_POLICY") or "IfNotPresent",
+            status_interval=get_float("STATUS_INTERVAL", 5.0),
+            audit_interval=get_float("AUDIT_INTERVAL", 15.0),
+            health_timeout=get_float("HEALTH_TIMEOUT", 3.0),
+            webhook=webhook,
+            verbose=get_bool("VERBOSE", False),
+        )
+
+
+_current: OperatorConfig | None = None
+
+
+def set_current(config: OperatorConfig) -> None:
+    global _current
+    _current = config
+
+
+def current() -> OperatorConfig:
+    """The configuration the CLI started with (from the environment when run another way)."""
+    global _current
+    if _current is None:
+        _current = OperatorConfig.from_env()
+    return _current

@@ -1,0 +1,153 @@
+"""The replica Pod: one sidecar container on its own state claim."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from crewfence_operator import constants as c
+from crewfence_operator.crew.identity import CrewRef, object_meta, replica_labels
+from crewfence_operator.crew.resources import LLM_API_KEY_ENV, claim_for_ordinal
+from crewfence_operator.crew.spec import CrewSpec
+
+TOKEN_FILE_MODE = 0o600
+
+
+@dataclass(frozen=True)
+class PodSettings:
+    """Operator-wide inputs to a pod manifest (from OperatorConfig)."""
+
+    default_image: str = c.DEFAULT_IMAGE
+    image_pull_policy: str = "IfNotPresent"
+    port: int = c.SIDECAR_PORT
+
+
+def _env(name: str, value: str) -> dict[str, Any]:
+    return {"name": name, "value": value}
+
+
+def sidecar_env(crew: CrewRef, spec: CrewSpec, port: int) -> list[dict[str, Any]]:
+    env: list[dict[str, Any]] = [
+        {"name": "CREWFENCE_HOST",
+         "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "status.podIP"}}},
+        _env("CREWFENCE_PORT", str(port)),
+        _env("CREWFENCE_STATE_FILE", c.STATE_FILE),
+        _env("CREWFENCE_TOKEN_FILE", c.TOKEN_FILE),
+        _env("CREWFENCE_ALLOWED_OPERATIONS", ",".join(spec.operations)),
+        _env("CREWAI_STORAGE_DIR", f"{c.SCRATCH_MOUNT}/crewai"),
+        _env("HOME", c.SCRATCH_MOUNT),
+        _env("CREWAI_DISABLE_TELEMETRY", "true"),
+        _env("CREWAI_TRACING_ENABLED", "false"),
+        _env("OTEL_SDK_DISABLED", "true"),
+        _env("PYTHONUNBUFFERED", "1"),
+    ]
+    if spec.declarative:
+        env.append(_env("CREWFENCE_CREWS_FILE", c.CREWS_FILE))
+    if spec.entrypoint:
+        env.append(_env("CREWFENCE_REGISTRY", spec.entrypoint))
+    if spec.train_enabled:
+        env.append(_env("CREWFENCE_TRAINING_DIR", c.TRAINING_DIR))
+    bounds = {
+        "CREWFENCE_MAX_RETAINED_RUNS": spec.journal.max_retained_runs,
+        "CREWFENCE_MAX_EVENTS_PER_RUN": spec.journal.max_events_per_run,
+        "CREWFENCE_MAX_EVENT_BYTES": spec.journal.max_event_bytes,
+        "CREWFENCE_MAX_STATE_BYTES": spec.journal.max_state_bytes,
+        "CREWFENCE_MAX_CONCURRENCY": spec.journal.max_concurrency,
+    }
+    env.extend(_env(name, str(value)) for name, value in bounds.items() if value is not None)
+    ref = spec.llm.api_key_secret_ref
+    if ref is not None:
+        env.append({"name": LLM_API_KEY_ENV,
+                    "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+    return env
+
+
+def _volumes(crew: CrewRef, spec: CrewSpec, ordinal: int) -> list[dict[str, Any]]:
+    return [
+        {"name": "state",
+         "persistentVolumeClaim": {"claimName": claim_for_ordinal(crew, spec, ordinal)}},
+        {"name": "token",
+         "secret": {"secretName": c.token_secret_name(crew.name),
+                    "defaultMode": TOKEN_FILE_MODE,
+                    "items": [{"key": c.TOKEN_SECRET_KEY, "path": c.TOKEN_SECRET_KEY,
+                               "mode": TOKEN_FILE_MODE}]}},
+        {"name": "crews",
+         "configMap": {"name": c.crews_configmap_name(crew.name), "defaultMode": 0o444}},
+        {"name": "scratch", "emptyDir": {}},
+        {"name": "tmp", "emptyDir": {}},
+    ]
+
+
+def _mounts() -> list[dict[str, Any]]:
+    return [
+        {"name": "state", "mountPath": c.STATE_MOUNT},
+        {"name": "token", "mountPath": c.TOKEN_MOUNT, "readOnly": True},
+        {"name": "crews", "mountPath": c.CREWS_MOUNT, "readOnly": True},
+        {"name": "scratch", "mountPath": c.SCRATCH_MOUNT},
+        {"name": "tmp", "mountPath": "/tmp"},  # noqa: S108 - a private emptyDir, not a shared /tmp
+    ]
+
+
+def replica_pod(
+    crew: CrewRef, spec: CrewSpec, ordinal: int, settings: PodSettings
+) -> dict[str, Any]:
+    name = c.pod_name(crew.name, ordinal)
+    container: dict[str, Any] = {
+        "name": c.SIDECAR_CONTAINER,
+        "image": spec.image or settings.default_image,
+        "imagePullPolicy": spec.image_pull_policy or settings.image_pull_policy,
+        "command": [c.SIDECAR_COMMAND],
+        "workingDir": c.SCRATCH_MOUNT,
+        "env": sidecar_env(crew, spec, settings.port),
+        "ports": [{"name": c.SIDECAR_PORT_NAME, "containerPort": settings.port,
+                   "protocol": "TCP"}],
+        "readinessProbe": {
+            "httpGet": {"path": "/health", "port": c.SIDECAR_PORT_NAME},
+            "periodSeconds": 5, "timeoutSeconds": 3, "failureThreshold": 3,
+        },
+        "volumeMounts": _mounts(),
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    }
+    if spec.resources:
+        container["resources"] = dict(spec.resources)
+    pod_spec: dict[str, Any] = {
+        "hostname": name,
+        "subdomain": c.service_name(crew.name),
+        "restartPolicy": "Always",
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": 30,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": c.RUN_AS_USER,
+            "runAsGroup": c.FS_GROUP,
+            "fsGroup": c.FS_GROUP,
+            "fsGroupChangePolicy": "OnRootMismatch",
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [container],
+        "volumes": _volumes(crew, spec, ordinal),
+    }
+    if spec.service_account_name:
+        pod_spec["serviceAccountName"] = spec.service_account_name
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": object_meta(crew, name, replica_labels(crew, ordinal)),
+        "spec": pod_spec,
+    }
+
+
+def pod_claims(pod: dict[str, Any]) -> list[str]:
+    """Names of the PVCs a pod manifest or object mounts."""
+    volumes = (pod.get("spec") or {}).get("volumes") or []
+    return [
+        v["persistentVolumeClaim"]["claimName"]
+        for v in volumes
+        if isinstance(v, dict) and v.get("persistentVolumeClaim", {}).get("claimName")
+    ]

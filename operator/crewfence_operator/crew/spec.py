@@ -1,0 +1,151 @@
+"""The Crew spec as a typed value, with the CRD's defaults applied (kmock applies none)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from crewfence_sidecar.contract import Operation
+
+ALL_OPERATIONS: tuple[str, ...] = tuple(op.value for op in Operation)
+SINGLE_WRITER_MODES: frozenset[str] = frozenset({"ReadWriteOncePod", "ReadWriteOnce"})
+SHARED_MODES: frozenset[str] = frozenset({"ReadWriteMany", "ReadOnlyMany"})
+
+
+class SpecError(ValueError):
+    """A Crew spec the operator cannot act on (the CRD schema should have caught it)."""
+
+
+@dataclass(frozen=True)
+class SecretKeyRef:
+    name: str
+    key: str
+
+
+@dataclass(frozen=True)
+class LLMSpec:
+    model: str = "crewfence/offline"
+    api_key_secret_ref: SecretKeyRef | None = None
+    base_url: str | None = None
+    temperature: float | None = None
+
+
+@dataclass(frozen=True)
+class StorageSpec:
+    size: str = "1Gi"
+    storage_class_name: str | None = None
+    access_mode: str = "ReadWriteOncePod"
+    existing_claim: str | None = None
+
+
+@dataclass(frozen=True)
+class JournalBounds:
+    max_retained_runs: int | None = None
+    max_events_per_run: int | None = None
+    max_event_bytes: int | None = None
+    max_state_bytes: int | None = None
+    max_concurrency: int | None = None
+
+
+@dataclass(frozen=True)
+class KnowledgeSource:
+    name: str
+    content: str
+
+
+@dataclass(frozen=True)
+class CrewSpec:
+    replicas: int = 1
+    operations: tuple[str, ...] = ("run",)
+    llm: LLMSpec = field(default_factory=LLMSpec)
+    process: str = "sequential"
+    agents: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    tasks: tuple[Mapping[str, Any], ...] = ()
+    knowledge: tuple[KnowledgeSource, ...] = ()
+    entrypoint: str | None = None
+    image: str | None = None
+    image_pull_policy: str | None = None
+    storage: StorageSpec = field(default_factory=StorageSpec)
+    resources: Mapping[str, Any] = field(default_factory=dict)
+    journal: JournalBounds = field(default_factory=JournalBounds)
+    service_account_name: str | None = None
+
+    @property
+    def declarative(self) -> bool:
+        return bool(self.agents) and bool(self.tasks)
+
+    @property
+    def train_enabled(self) -> bool:
+        return "train" in self.operations
+
+
+def _opt_int(raw: Mapping[str, Any], key: str) -> int | None:
+    value = raw.get(key)
+    return None if value is None else int(value)
+
+
+def parse_spec(raw: Mapping[str, Any] | None) -> CrewSpec:
+    """Build a CrewSpec from ``.spec``; raises SpecError for what the schema should prevent."""
+    raw = raw or {}
+    ops = tuple(dict.fromkeys(str(o) for o in (raw.get("operations") or ["run"])))
+    unknown = [o for o in ops if o not in ALL_OPERATIONS]
+    if unknown:
+        raise SpecError(f"unknown operations {unknown}; allowed: {list(ALL_OPERATIONS)}")
+
+    llm_raw = raw.get("llm") or {}
+    ref_raw = llm_raw.get("apiKeySecretRef")
+    llm = LLMSpec(
+        model=str(llm_raw.get("model") or "crewfence/offline"),
+        api_key_secret_ref=(
+            SecretKeyRef(name=str(ref_raw["name"]), key=str(ref_raw.get("key") or "api-key"))
+            if ref_raw else None
+        ),
+        base_url=llm_raw.get("baseUrl"),
+        temperature=llm_raw.get("temperature"),
+    )
+
+    st_raw = raw.get("storage") or {}
+    storage = StorageSpec(
+        size=str(st_raw.get("size") or "1Gi"),
+        storage_class_name=st_raw.get("storageClassName"),
+        access_mode=str(st_raw.get("accessMode") or "ReadWriteOncePod"),
+        existing_claim=st_raw.get("existingClaim"),
+    )
+    if storage.access_mode not in SINGLE_WRITER_MODES:
+        raise SpecError(
+            f"storage.accessMode {storage.access_mode} would share the journal; "
+            f"use ReadWriteOncePod or ReadWriteOnce"
+        )
+
+    j_raw = raw.get("journal") or {}
+    journal = JournalBounds(
+        max_retained_runs=_opt_int(j_raw, "maxRetainedRuns"),
+        max_events_per_run=_opt_int(j_raw, "maxEventsPerRun"),
+        max_event_bytes=_opt_int(j_raw, "maxEventBytes"),
+        max_state_bytes=_opt_int(j_raw, "maxStateBytes"),
+        max_concurrency=_opt_int(j_raw, "maxConcurrency"),
+    )
+    knowledge = tuple(
+        KnowledgeSource(name=str(k.get("name") or f"source-{i}"), content=str(k["content"]))
+        for i, k in enumerate(raw.get("knowledge") or [])
+    )
+    replicas = int(raw.get("replicas", 1))
+    if storage.existing_claim and replicas > 1:
+        raise SpecError("storage.existingClaim serves one replica only; set replicas to 0 or 1")
+    return CrewSpec(
+        replicas=replicas,
+        operations=ops,
+        llm=llm,
+        process=str(raw.get("process") or "sequential"),
+        agents=dict(raw.get("agents") or {}),
+        tasks=tuple(raw.get("tasks") or ()),
+        knowledge=knowledge,
+        entrypoint=raw.get("entrypoint"),
+        image=raw.get("image"),
+        image_pull_policy=raw.get("imagePullPolicy"),
+        storage=storage,
+        resources=dict(raw.get("resources") or {}),
+        journal=journal,
+        service_account_name=raw.get("serviceAccountName"),
+    )

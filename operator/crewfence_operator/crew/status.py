@@ -1,0 +1,183 @@
+"""The Crew's status from what the operator observed: pure, so it can be tested in isolation."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from crewfence_operator import constants as c
+
+
+@dataclass(frozen=True)
+class Health:
+    """What a replica's ``GET /health`` said (only the fields the operator uses)."""
+
+    status: str
+    journal_id: str | None
+    retained_runs: int | None
+    active_runs: int | None
+
+    @classmethod
+    def from_wire(cls, body: Mapping[str, Any]) -> Health:
+        def opt_int(key: str) -> int | None:
+            value = body.get(key)
+            return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+        journal_id = body.get("journal_id")
+        return cls(
+            status=str(body.get("status", "")),
+            journal_id=str(journal_id) if journal_id else None,
+            retained_runs=opt_int("retained_runs"),
+            active_runs=opt_int("active_runs"),
+        )
+
+
+@dataclass(frozen=True)
+class ReplicaObservation:
+    ordinal: int
+    pod_name: str
+    claim: str
+    pod: Mapping[str, Any] | None
+    health: Health | None
+    fence_reason: str | None = None
+    message: str | None = None
+    serving: bool = True
+    """False for a replica being scaled down: never ready, so no new jobs go there."""
+
+
+@dataclass(frozen=True)
+class RetainedClaim:
+    ordinal: int
+    claim: str
+    retained_runs: int | None
+    reason: str
+
+
+def pod_is_ready(pod: Mapping[str, Any] | None) -> bool:
+    if not pod or (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return False
+    for cond in (pod.get("status") or {}).get("conditions") or ():
+        if cond.get("type") == "Ready":
+            return cond.get("status") == "True"
+    return False
+
+
+def pod_address(pod: Mapping[str, Any] | None, port: int) -> str | None:
+    if not pod or (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return None
+    ip = (pod.get("status") or {}).get("podIP")
+    return f"{ip}:{port}" if ip else None
+
+
+def replica_status(obs: ReplicaObservation, port: int) -> dict[str, Any]:
+    healthy = obs.health is not None and obs.health.status == "ready"
+    entry: dict[str, Any] = {
+        "ordinal": obs.ordinal,
+        "pod": obs.pod_name,
+        "claim": obs.claim,
+        "address": pod_address(obs.pod, port),
+        "journalId": obs.health.journal_id if obs.health else None,
+        "ready": obs.serving and pod_is_ready(obs.pod) and healthy,
+        "fenced": obs.fence_reason is not None,
+        "fenceReason": obs.fence_reason,
+    }
+    if obs.health is not None:
+        entry["retainedRuns"] = obs.health.retained_runs
+        entry["activeRuns"] = obs.health.active_runs
+    if obs.message:
+        entry["message"] = obs.message
+    return entry
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def condition(
+    previous: Sequence[Mapping[str, Any]], ctype: str, status: bool, reason: str, message: str,
+    generation: int | None, now: str | None = None,
+) -> dict[str, Any]:
+    """A standard condition; lastTransitionTime moves only when the status flips."""
+    value = "True" if status else "False"
+    old = next((p for p in previous if p.get("type") == ctype), None)
+    changed = old is None or old.get("status") != value
+    return {
+        "type": ctype,
+        "status": value,
+        "reason": reason,
+        "message": message,
+        "observedGeneration": generation,
+        "lastTransitionTime": (
+            (now or _now()) if changed or old is None else old.get("lastTransitionTime")
+        ),
+    }
+
+
+@dataclass(frozen=True)
+class CrewObservation:
+    generation: int | None
+    desired_replicas: int
+    replicas: Sequence[ReplicaObservation]
+    retained_claims: Sequence[RetainedClaim]
+    previous_conditions: Sequence[Mapping[str, Any]]
+    port: int = c.SIDECAR_PORT
+    error: str | None = None
+
+
+def crew_status(obs: CrewObservation, now: str | None = None) -> dict[str, Any]:
+    replicas = [replica_status(r, obs.port) for r in sorted(obs.replicas, key=lambda r: r.ordinal)]
+    serving = [r for r in replicas if r["ordinal"] < obs.desired_replicas]
+    ready = sum(1 for r in serving if r["ready"] and not r["fenced"])
+    fenced = [r for r in replicas if r["fenced"]]
+    prev = obs.previous_conditions
+
+    if obs.error:
+        ready_cond = condition(prev, c.COND_READY, False, "ReconcileError", obs.error,
+                               obs.generation, now)
+    elif fenced:
+        ready_cond = condition(
+            prev, c.COND_READY, False, "ReplicaFenced",
+            f"{len(fenced)} replica(s) fenced: " + "; ".join(str(r["fenceReason"]) for r in fenced),
+            obs.generation, now)
+    elif ready < obs.desired_replicas:
+        ready_cond = condition(prev, c.COND_READY, False, "ReplicasNotReady",
+                               f"{ready}/{obs.desired_replicas} replicas ready",
+                               obs.generation, now)
+    else:
+        ready_cond = condition(prev, c.COND_READY, True, "ReplicasReady",
+                               f"{ready}/{obs.desired_replicas} replicas ready",
+                               obs.generation, now)
+
+    if fenced:
+        shared = condition(
+            prev, c.COND_STATE_SHARED, True, "ForeignPodMountsState",
+            "; ".join(str(r["fenceReason"]) for r in fenced), obs.generation, now)
+    else:
+        shared = condition(prev, c.COND_STATE_SHARED, False, "NotShared",
+                           "no foreign pod mounts a state claim", obs.generation, now)
+
+    if obs.retained_claims:
+        retained = condition(
+            prev, c.COND_CLAIMS_RETAINED, True, "UnarchivedRecords",
+            "; ".join(
+                f"claim {r.claim} (replica {r.ordinal}) kept: {r.reason}"
+                for r in obs.retained_claims
+            ), obs.generation, now)
+    else:
+        retained = condition(prev, c.COND_CLAIMS_RETAINED, False, "NoneRetained",
+                             "no state claim is kept beyond spec.replicas", obs.generation, now)
+
+    return {
+        "observedGeneration": obs.generation,
+        "replicas": replicas,
+        "readyReplicas": ready,
+        "fencedReplicas": len(fenced),
+        "retainedClaims": [
+            {"ordinal": r.ordinal, "claim": r.claim, "retainedRuns": r.retained_runs,
+             "reason": r.reason}
+            for r in obs.retained_claims
+        ],
+        "conditions": [ready_cond, shared, retained],
+    }

@@ -1,0 +1,71 @@
+"""Bounding a job's output: a short copy in status, the full text (≤ 1 MiB) in a ConfigMap."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any, Final
+
+STATUS_VALUE_MAX_BYTES: Final = 32 * 1024
+# A ConfigMap's data may total 1 MiB; keep a little room for the key.
+CONFIGMAP_VALUE_MAX_BYTES: Final = 1024 * 1024 - 1024
+CONFIGMAP_KEY: Final = "output"
+
+
+def output_text(value: Any) -> str:
+    """The output as text: strings as they are, anything else as compact JSON."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+
+
+def truncate_utf8(text: str, max_bytes: int) -> tuple[str, bool]:
+    """At most ``max_bytes`` UTF-8 bytes of ``text``, cut on a character boundary."""
+    encoded = text.encode("utf-8", "surrogatepass")
+    if len(encoded) <= max_bytes:
+        return text, False
+    return encoded[:max_bytes].decode("utf-8", "ignore"), True
+
+
+@dataclass(frozen=True)
+class BoundedOutput:
+    sha256: str
+    size: int
+    status_value: str
+    status_truncated: bool
+    configmap_value: str
+    configmap_truncated: bool
+
+    def status_fields(self, configmap_name: str | None) -> dict[str, Any]:
+        fields: dict[str, Any] = {
+            "value": self.status_value, "sha256": self.sha256, "size": self.size,
+            "truncated": self.status_truncated,
+        }
+        if configmap_name:
+            fields["configMap"] = {"name": configmap_name, "key": CONFIGMAP_KEY,
+                                   "truncated": self.configmap_truncated}
+        return fields
+
+
+def bound_output(value: Any, *, status_max: int = STATUS_VALUE_MAX_BYTES,
+                 configmap_max: int = CONFIGMAP_VALUE_MAX_BYTES) -> BoundedOutput | None:
+    """None when there is no output at all."""
+    if value is None:
+        return None
+    text = output_text(value)
+    encoded = text.encode("utf-8", "surrogatepass")
+    status_value, status_truncated = truncate_utf8(text, status_max)
+    cm_value, cm_truncated = truncate_utf8(text, configmap_max)
+    return BoundedOutput(sha256=hashlib.sha256(encoded).hexdigest(), size=len(encoded),
+                         status_value=status_value, status_truncated=status_truncated,
+                         configmap_value=cm_value, configmap_truncated=cm_truncated)
+
+
+def configmap_name(crewjob_name: str) -> str:
+    """``<name>-output``, shortened with a hash when that would exceed 253 characters."""
+    name = f"{crewjob_name}-output"
+    if len(name) <= 253:
+        return name
+    digest = hashlib.sha256(crewjob_name.encode()).hexdigest()[:10]
+    return f"{crewjob_name[:230].rstrip('-.')}-{digest}-output"

@@ -1,0 +1,1 @@
+"""kopf handler modules; importing one registers its handlers."""

@@ -1,0 +1,279 @@
+"""Crew reconciliation: children on create/update/resume, and one async daemon per Crew that
+keeps pods present, rolls them on spec changes, scales down safely, audits shared state and
+writes the status the CrewJob handler dispatches by."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import kopf
+
+from crewfence_operator import config, kube, metrics
+from crewfence_operator import constants as c
+from crewfence_operator.crew import children
+from crewfence_operator.crew.fencing import ForeignMount
+from crewfence_operator.crew.identity import CrewRef
+from crewfence_operator.crew.pod import PodSettings
+from crewfence_operator.crew.probe import fetch_health
+from crewfence_operator.crew.resources import claim_for_ordinal
+from crewfence_operator.crew.scaledown import Decision, ExcessReplica, decide
+from crewfence_operator.crew.spec import CrewSpec, SpecError, parse_spec
+from crewfence_operator.crew.status import (
+    CrewObservation,
+    Health,
+    ReplicaObservation,
+    crew_status,
+    pod_address,
+    pod_is_ready,
+)
+from crewfence_operator.crew.template import pod_template_hash
+from crewfence_operator.handlers import audit
+
+DRAIN_GRACE_SECONDS = 3.0
+"""How long a scaling-down replica is shown as not ready before it is asked and removed."""
+
+_wakers: dict[str, asyncio.Event] = {}
+
+
+def wake(key: str) -> None:
+    """Make the Crew's daemon run its next pass now instead of at its next interval."""
+    event = _wakers.get(key)
+    if event is not None:
+        event.set()
+
+
+def pod_settings(cfg: config.OperatorConfig) -> PodSettings:
+    return PodSettings(default_image=cfg.sidecar_image,
+                       image_pull_policy=cfg.image_pull_policy, port=cfg.sidecar_port)
+
+
+@kopf.on.resume(c.GROUP, c.VERSION, c.CREW_PLURAL)
+@kopf.on.create(c.GROUP, c.VERSION, c.CREW_PLURAL)
+@kopf.on.update(c.GROUP, c.VERSION, c.CREW_PLURAL, field="spec")
+async def crew_changed(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
+    crew = CrewRef.from_body(body)
+    try:
+        spec = parse_spec(body.get("spec"))
+    except SpecError as exc:
+        raise kopf.PermanentError(str(exc)) from exc
+    try:
+        snap = await asyncio.to_thread(children.ensure, crew, spec,
+                                       pod_settings(config.current()))
+    except children.ChildError as exc:
+        logger.warning(f"Crew {crew.key} cannot be reconciled: {exc}")
+    else:
+        if snap.created_pods:
+            logger.info(f"created pods {snap.created_pods}")
+    wake(crew.key)
+
+
+@kopf.on.event("", "v1", "pods", labels={c.LABEL_MANAGED_BY: c.MANAGED_BY_VALUE})
+async def replica_pod_event(body: kopf.Body, namespace: str | None, **_: Any) -> None:
+    crew_name = (body.get("metadata", {}).get("labels") or {}).get(c.LABEL_CREW)
+    if crew_name and namespace:
+        wake(f"{namespace}/{crew_name}")
+
+
+@dataclass
+class DaemonState:
+    token: str | None = None
+    drain_since: dict[int, float] = field(default_factory=dict)
+    last_audit: float = 0.0
+    mounts: list[ForeignMount] = field(default_factory=list)
+    announced: set[str] = field(default_factory=set)
+
+
+@kopf.daemon(c.GROUP, c.VERSION, c.CREW_PLURAL, cancellation_timeout=10.0)
+async def crew_daemon(
+    stopped: kopf.DaemonStopped, namespace: str | None, name: str, logger: kopf.Logger,
+    **_: Any,
+) -> None:
+    assert namespace is not None  # Crews are namespaced
+    key = f"{namespace}/{name}"
+    event = _wakers.setdefault(key, asyncio.Event())
+    state = DaemonState()
+    cfg = config.current()
+    try:
+        async with aiohttp.ClientSession() as session:
+            while not stopped:
+                event.clear()
+                try:
+                    await reconcile_once(session, state, cfg, namespace, name, logger)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # keep the daemon alive; the next pass retries
+                    logger.warning(f"Crew {key} reconcile pass failed: {exc!r}")
+                await _pause(event, stopped, cfg.status_interval)
+    finally:
+        if _wakers.get(key) is event:
+            del _wakers[key]
+        metrics.observe_fenced_replicas(key, 0)
+
+
+async def _pause(event: asyncio.Event, stopped: kopf.DaemonStopped, interval: float) -> None:
+    deadline = time.monotonic() + interval
+    while not stopped:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return
+        try:
+            await asyncio.wait_for(event.wait(), timeout=min(remaining, 1.0))
+            return
+        except TimeoutError:
+            continue
+
+
+async def _healths(
+    session: aiohttp.ClientSession, pods: Mapping[int, Mapping[str, Any]], token: str | None,
+    cfg: config.OperatorConfig,
+) -> dict[int, Health | None]:
+    async def one(pod: Mapping[str, Any]) -> Health | None:
+        address = pod_address(pod, cfg.sidecar_port)
+        if address is None:
+            return None
+        return await fetch_health(session, address, token, cfg.health_timeout)
+
+    ordinals = list(pods)
+    results = await asyncio.gather(*(one(pods[o]) for o in ordinals))
+    return dict(zip(ordinals, results, strict=True))
+
+
+async def reconcile_once(
+    session: aiohttp.ClientSession, state: DaemonState, cfg: config.OperatorConfig,
+    namespace: str, name: str, logger: kopf.Logger,
+) -> None:
+    body = await asyncio.to_thread(kube.get_crew, namespace, name)
+    if body is None or body["metadata"].get("deletionTimestamp"):
+        return
+    crew = CrewRef.from_body(body)
+    generation = body["metadata"].get("generation")
+    previous: dict[str, Any] = body.get("status") or {}
+    settings = pod_settings(cfg)
+    error: str | None = None
+    try:
+        spec = parse_spec(body.get("spec"))
+    except SpecError as exc:
+        await _write_status(crew, previous, CrewObservation(
+            generation=generation, desired_replicas=0, replicas=[], retained_claims=[],
+            previous_conditions=previous.get("conditions") or [], port=cfg.sidecar_port,
+            error=str(exc)))
+        return
+    try:
+        snap = await asyncio.to_thread(children.ensure, crew, spec, settings)
+    except children.ChildError as exc:
+        error = str(exc)
+        snap = await asyncio.to_thread(children.observe, crew, spec, settings)
+    if state.token is None:
+        state.token = await asyncio.to_thread(
+            kube.read_secret_value, namespace, c.token_secret_name(name), c.TOKEN_SECRET_KEY)
+    healths = await _healths(session, snap.pods, state.token, cfg)
+
+    claims_by_ordinal = {o: claim_for_ordinal(crew, spec, o) for o in range(spec.replicas)}
+    claims_by_ordinal.update({o: cl["metadata"]["name"] for o, cl in snap.claims.items()})
+    now = time.monotonic()
+    if now - state.last_audit >= cfg.audit_interval or not state.last_audit:
+        state.mounts = audit.find_foreign_mounts(crew.name, claims_by_ordinal,
+                                                 snap.namespace_pods)
+        state.last_audit = now
+        audit.announce(kopf.Body(body),  # type: ignore[arg-type]  # a raw body dict
+                       state.mounts, state.announced, previous)
+    fence_by_ordinal: dict[int, str] = {}
+    for mount in state.mounts:
+        fence_by_ordinal.setdefault(mount.ordinal, mount.reason)
+
+    await _roll_one_pod(crew, spec, settings, snap, healths, fence_by_ordinal, logger)
+
+    decisions = _scale_down_decisions(spec, snap, healths, claims_by_ordinal, state, now)
+    for decision in decisions:
+        await _execute(crew, decision, snap, logger)
+
+    observations = [
+        ReplicaObservation(
+            ordinal=o, pod_name=c.pod_name(name, o), claim=claims_by_ordinal[o],
+            pod=snap.pods.get(o), health=healths.get(o), fence_reason=fence_by_ordinal.get(o))
+        for o in range(spec.replicas)
+    ]
+    observations += [
+        ReplicaObservation(
+            ordinal=d.ordinal, pod_name=c.pod_name(name, d.ordinal), claim=d.claim,
+            pod=snap.pods.get(d.ordinal), health=healths.get(d.ordinal),
+            fence_reason=fence_by_ordinal.get(d.ordinal), message=d.draining, serving=False)
+        for d in decisions if d.draining
+    ]
+    obs = CrewObservation(
+        generation=generation, desired_replicas=spec.replicas, replicas=observations,
+        retained_claims=[d.retained for d in decisions if d.retained],
+        previous_conditions=previous.get("conditions") or [], port=cfg.sidecar_port,
+        error=error)
+    metrics.observe_fenced_replicas(crew.key, len(fence_by_ordinal))
+    await _write_status(crew, previous, obs)
+
+
+async def _write_status(crew: CrewRef, previous: Mapping[str, Any],
+                        obs: CrewObservation) -> None:
+    status = crew_status(obs)
+    # Write only on change: the daemon runs every few seconds and API writes are not free.
+    if all(previous.get(k) == v for k, v in status.items()):
+        return
+    await asyncio.to_thread(kube.patch_crew_status, crew.namespace, crew.name, status)
+
+
+async def _roll_one_pod(
+    crew: CrewRef, spec: CrewSpec, settings: PodSettings, snap: children.Snapshot,
+    healths: Mapping[int, Health | None], fenced: Mapping[int, str], logger: kopf.Logger,
+) -> None:
+    """Replace at most one outdated pod per pass, and only one with no active run."""
+    for ordinal in range(spec.replicas):
+        pod = snap.pods.get(ordinal)
+        if pod is None or pod["metadata"].get("deletionTimestamp") or ordinal in fenced:
+            continue
+        if pod_template_hash(pod) == children.desired_hash(crew, spec, ordinal, settings):
+            continue
+        health = healths.get(ordinal)
+        if health is not None and (health.active_runs or 0) > 0:
+            continue  # wait for its jobs; an interrupted job would become an uncertain outcome
+        if health is None and pod_is_ready(pod):
+            continue  # ready but not answering: do not guess
+        logger.info(f"rolling pod {pod['metadata']['name']} to the current spec")
+        await asyncio.to_thread(kube.delete_pod, crew.namespace, pod["metadata"]["name"],
+                                pod["metadata"].get("uid"))
+        return
+
+
+def _scale_down_decisions(
+    spec: CrewSpec, snap: children.Snapshot, healths: Mapping[int, Health | None],
+    claims_by_ordinal: Mapping[int, str], state: DaemonState, now: float,
+) -> list[Decision]:
+    excess = sorted(o for o in set(snap.pods) | set(snap.claims) if o >= spec.replicas)
+    for ordinal in list(state.drain_since):
+        if ordinal not in excess:
+            del state.drain_since[ordinal]
+    decisions = []
+    for ordinal in excess:
+        since = state.drain_since.setdefault(ordinal, now)
+        decisions.append(decide(ExcessReplica(
+            ordinal=ordinal, claim=claims_by_ordinal[ordinal],
+            claim_obj=snap.claims.get(ordinal), pod=snap.pods.get(ordinal),
+            health=healths.get(ordinal),
+            drain_announced=now - since >= DRAIN_GRACE_SECONDS)))
+    return decisions
+
+
+async def _execute(crew: CrewRef, d: Decision, snap: children.Snapshot,
+                   logger: kopf.Logger) -> None:
+    if d.annotate:
+        await asyncio.to_thread(children.apply_claim_annotations, crew.namespace, d.claim,
+                                d.annotate)
+    pod = snap.pods.get(d.ordinal)
+    if d.delete_pod and pod is not None:
+        logger.info(f"scale down: deleting pod {pod['metadata']['name']}")
+        await asyncio.to_thread(kube.delete_pod, crew.namespace, pod["metadata"]["name"],
+                                pod["metadata"].get("uid"))
+    if d.delete_claim:
+        logger.info(f"scale down: deleting claim {d.claim} (its journal was empty)")
+        await asyncio.to_thread(kube.delete_claim, crew.namespace, d.claim)

@@ -1,0 +1,50 @@
+"""The operator's kopf entry: importing this module registers every handler.
+
+``crewfence-operator`` (cli.py) sets the configuration first; ``kopf run -m
+crewfence_operator.main`` works too and reads the configuration from the environment.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import kopf
+
+from crewfence_operator import config
+from crewfence_operator import constants as c
+from crewfence_operator.handlers import audit, crew, webhook
+
+try:  # the CrewJob half (OPERATOR-CREWJOB) registers its handlers on import
+    from crewfence_operator.handlers import crewjob
+except ImportError as exc:  # pragma: no cover - only while that module does not exist yet
+    if getattr(exc, "name", "") != "crewfence_operator.handlers.crewjob":
+        raise
+    crewjob = None  # type: ignore[assignment]
+
+__all__ = ["audit", "crew", "crewjob", "webhook"]
+
+if config.current().webhook.mode is not config.WebhookMode.OFF:
+    webhook.register()
+
+
+def apply_settings(settings: kopf.OperatorSettings, cfg: config.OperatorConfig) -> None:
+    """kopf identity under crewfence.dev, chosen once (it is stored on every object)."""
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=c.KOPF_PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=c.KOPF_PREFIX, key="last-handled-configuration")
+    settings.persistence.finalizer = c.FINALIZER
+    settings.peering.name = cfg.peering_name
+    settings.peering.priority = cfg.priority
+    settings.peering.standalone = cfg.standalone
+    # Handler log lines become Events at or above this level; INFO would post one Event per
+    # handler run (API writes). kopf.warn/kopf.event calls are posted regardless.
+    settings.posting.level = logging.WARNING
+    settings.watching.server_timeout = 300
+    settings.networking.request_timeout = 60
+    webhook.configure(settings, cfg.webhook)
+
+
+@kopf.on.startup()
+async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+    apply_settings(settings, config.current())

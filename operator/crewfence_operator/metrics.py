@@ -1,0 +1,78 @@
+"""Operator metrics (prometheus-client), served on ``--metrics-port``.
+
+Both handler halves record through the ``observe_*`` helpers here so the names stay in one place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+CREWJOBS = Gauge(
+    "crewfence_operator_crewjobs", "CrewJobs seen by this operator, by phase.",
+    ["phase"], registry=REGISTRY,
+)
+UNCERTAIN_OUTCOMES = Counter(
+    "crewfence_operator_uncertain_outcomes_total",
+    "CrewJobs whose outcome became uncertain, by reason.", ["reason"], registry=REGISTRY,
+)
+ADMISSION_SECONDS = Histogram(
+    "crewfence_operator_admission_seconds",
+    "Time from dispatching a CrewJob to the sidecar's admission answer.",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+    registry=REGISTRY,
+)
+SIDECAR_FAILURES = Counter(
+    "crewfence_operator_sidecar_failures_total",
+    "Failed sidecar calls, by failure category.", ["category"], registry=REGISTRY,
+)
+FENCED_REPLICAS = Gauge(
+    "crewfence_operator_fenced_replicas",
+    "Crew replicas fenced because their state claim is mounted by a foreign pod.",
+    registry=REGISTRY,
+)
+
+_fenced_by_crew: dict[str, int] = {}
+
+
+def observe_crewjobs_by_phase(counts: Mapping[str, int]) -> None:
+    """Set the gauge for every phase given (phases missing from ``counts`` keep their value)."""
+    for phase, count in counts.items():
+        CREWJOBS.labels(phase=phase).set(count)
+
+
+def observe_crewjob_phase_change(old: str | None, new: str | None) -> None:
+    """Move one CrewJob from ``old`` phase to ``new`` phase (either may be None)."""
+    if old:
+        CREWJOBS.labels(phase=old).dec()
+    if new:
+        CREWJOBS.labels(phase=new).inc()
+
+
+def observe_uncertain_outcome(reason: str) -> None:
+    UNCERTAIN_OUTCOMES.labels(reason=reason).inc()
+
+
+def observe_admission_seconds(seconds: float) -> None:
+    ADMISSION_SECONDS.observe(seconds)
+
+
+def observe_sidecar_failure(category: str) -> None:
+    SIDECAR_FAILURES.labels(category=category).inc()
+
+
+def observe_fenced_replicas(crew_key: str, fenced: int) -> None:
+    """Record how many replicas of one Crew (``ns/name``) are fenced; the gauge is the sum."""
+    if fenced:
+        _fenced_by_crew[crew_key] = fenced
+    else:
+        _fenced_by_crew.pop(crew_key, None)
+    FENCED_REPLICAS.set(sum(_fenced_by_crew.values()))
+
+
+def serve(port: int, addr: str = "0.0.0.0") -> None:  # noqa: S104 - scraped from outside the pod
+    """Serve /metrics on a background thread (prometheus-client's own server)."""
+    start_http_server(port, addr=addr, registry=REGISTRY)

@@ -1,0 +1,55 @@
+"""The exact RBAC the operator needs: the chart renders its ClusterRole from these rules and
+the e2e tests run the operator with nothing more (a real ServiceAccount token).
+
+Each rule is a Kubernetes PolicyRule as a plain dict. Keep them minimal: add a verb here only
+with the code that needs it, and say which code in the comment.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from crewfence_operator import constants as c
+
+PolicyRule = dict[str, Any]
+
+OPERATOR_RULES: Final[list[PolicyRule]] = [
+    # Our resources: kopf watches and patches them (annotations, finalizers); handlers read.
+    {"apiGroups": [c.GROUP], "resources": [c.CREW_PLURAL, c.CREWJOB_PLURAL],
+     "verbs": ["get", "list", "watch", "patch", "update"]},
+    {"apiGroups": [c.GROUP], "resources": [f"{c.CREW_PLURAL}/status",
+                                           f"{c.CREWJOB_PLURAL}/status"],
+     "verbs": ["get", "patch", "update"]},
+    # Crew children (crew/children.py): replica pods and state claims; scale-down deletes.
+    {"apiGroups": [""], "resources": ["pods", "persistentvolumeclaims"],
+     "verbs": ["get", "list", "watch", "create", "delete", "patch"]},
+    # Headless Service per Crew.
+    {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "create"]},
+    # Token Secret per Crew (created once; read back for /health and by the CrewJob handler).
+    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create"]},
+    # Crews file per Crew; CrewJob full-output ConfigMaps (handlers/crewjob.py).
+    {"apiGroups": [""], "resources": ["configmaps"],
+     "verbs": ["get", "list", "create", "patch", "update", "delete"]},
+    # Warning/Normal Events posted by kopf (kopf.warn / kopf.event) and handler logs.
+    {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create"]},
+    # kopf's cluster scan: which resources exist and which namespaces match.
+    {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
+     "verbs": ["get", "list", "watch"]},
+    {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]},
+    # kopf peering (--peering NAME) for more than one operator replica.
+    {"apiGroups": ["kopf.dev"], "resources": ["clusterkopfpeerings", "kopfpeerings"],
+     "verbs": ["get", "list", "watch", "patch"]},
+]
+
+WEBHOOK_MANAGED_RULES: Final[list[PolicyRule]] = [
+    # --webhook-mode managed only (out of cluster): kopf creates and patches the configuration.
+    {"apiGroups": ["admissionregistration.k8s.io"],
+     "resources": ["validatingwebhookconfigurations", "mutatingwebhookconfigurations"],
+     "verbs": ["get", "list", "watch", "create", "patch"]},
+]
+
+
+def rules(*, managed_webhook: bool = False) -> list[PolicyRule]:
+    """The ClusterRole rules; ``managed_webhook`` adds what kopf's managed mode needs."""
+    extra = WEBHOOK_MANAGED_RULES if managed_webhook else []
+    return [dict(rule) for rule in (*OPERATOR_RULES, *extra)]

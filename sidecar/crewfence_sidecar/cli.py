@@ -1,0 +1,63 @@
+"""`crewfence-sidecar`: the per-pod server.
+
+Start-up order: configuration -> journal fence and restore -> crews (imports crewai) -> bind.
+Any refusal before the bind prints ONE line on stderr and exits 2; the port is never bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Sequence
+
+from crewfence_sidecar.config import ConfigError, load_config
+from crewfence_sidecar.fencing import FencingError
+from crewfence_sidecar.journal import JournalError
+from crewfence_sidecar.logs import setup_logging
+
+EXIT_CONFIG = 2
+
+
+def _refuse(message: str) -> int:
+    print(f"crewfence-sidecar: error: {message}", file=sys.stderr, flush=True)
+    return EXIT_CONFIG
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        config = load_config(argv)
+    except ConfigError as exc:
+        return _refuse(str(exc))
+    except SystemExit as exc:  # --help
+        return int(exc.code or 0)
+
+    from crewfence_sidecar.server import (
+        StartupError,
+        load_catalog,
+        open_journal,
+        prepare_process_environment,
+        serve,
+    )
+
+    setup_logging(config.log_level)
+    try:
+        prepare_process_environment(config)
+    except OSError as exc:
+        return _refuse(f"cannot prepare the process environment: {exc.strerror}")
+    try:
+        opened = open_journal(config)
+    except (FencingError, JournalError) as exc:
+        return _refuse(str(exc))
+    try:
+        catalog = load_catalog(config)
+        asyncio.run(serve(config, catalog, opened))
+    except StartupError as exc:
+        opened.close()
+        return _refuse(str(exc))
+    except KeyboardInterrupt:
+        opened.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,270 @@
+"""Sidecar configuration: CREWFENCE_* environment variables, each also a command-line flag.
+
+Everything here is checked before the port is bound; a problem is a ``ConfigError`` whose
+message is the one line the CLI prints on stderr. Never put the token into a message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import stat
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final, NoReturn
+
+from crewfence_sidecar.contract import Operation
+
+
+class ConfigError(Exception):
+    """Bad configuration; the message is safe to print (never contains a secret)."""
+
+
+@dataclass(frozen=True)
+class Bound:
+    env: str
+    flag: str
+    default: int
+    minimum: int
+    maximum: int
+    help: str
+
+
+BOUNDS: Final[dict[str, Bound]] = {
+    "max_concurrency": Bound("CREWFENCE_MAX_CONCURRENCY", "--max-concurrency", 4, 1, 1024,
+                             "jobs executing at once"),
+    "max_retained_runs": Bound("CREWFENCE_MAX_RETAINED_RUNS", "--max-retained-runs", 10_000, 1,
+                               1_000_000, "records kept in the journal (507 when full)"),
+    "max_events_per_run": Bound("CREWFENCE_MAX_EVENTS_PER_RUN", "--max-events-per-run", 10_000,
+                                4, 1_000_000, "events kept per record"),
+    "max_event_bytes": Bound("CREWFENCE_MAX_EVENT_BYTES", "--max-event-bytes", 256 * 1024, 1024,
+                             64 * 1024 * 1024, "encoded size of one event"),
+    "max_state_bytes": Bound("CREWFENCE_MAX_STATE_BYTES", "--max-state-bytes", 1024**3,
+                             1024 * 1024, 1024**4, "size of the journal file"),
+}
+
+DEFAULT_HOST: Final = "0.0.0.0"  # noqa: S104 - a pod's sidecar must be reachable
+DEFAULT_PORT: Final = 8090
+
+
+@dataclass(frozen=True)
+class SidecarConfig:
+    registry: str | None = None
+    crews_file: Path | None = None
+    state_file: Path | None = None
+    token: str | None = field(default=None, repr=False)
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    allowed_operations: frozenset[Operation] = frozenset({Operation.RUN})
+    max_concurrency: int = BOUNDS["max_concurrency"].default
+    max_retained_runs: int = BOUNDS["max_retained_runs"].default
+    max_events_per_run: int = BOUNDS["max_events_per_run"].default
+    max_event_bytes: int = BOUNDS["max_event_bytes"].default
+    max_state_bytes: int = BOUNDS["max_state_bytes"].default
+    training_dir: Path | None = None
+    ephemeral: bool = False
+    allow_unauthenticated: bool = False
+    log_level: str = "INFO"
+
+    @property
+    def authenticated(self) -> bool:
+        return self.token is not None
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class _Parser(argparse.ArgumentParser):
+    """Flag errors become ConfigError: one line, not a usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="crewfence-sidecar",
+        description="Durable, idempotent, fenced CrewAI execution server. Every flag also "
+                    "reads its CREWFENCE_* environment variable; a flag wins.")
+    p.add_argument("--registry", help="module:attribute mapping crew_id -> factory "
+                   "(CREWFENCE_REGISTRY)")
+    p.add_argument("--crews-file", help="YAML file of declarative crews (CREWFENCE_CREWS_FILE)")
+    p.add_argument("--state-file", help="the journal (CREWFENCE_STATE_FILE)")
+    p.add_argument("--token", help="bearer token (CREWFENCE_TOKEN); prefer --token-file")
+    p.add_argument("--token-file", help="file holding the bearer token, regular, mode 0600 "
+                   "(CREWFENCE_TOKEN_FILE)")
+    p.add_argument("--host", help=f"bind address, default {DEFAULT_HOST} (CREWFENCE_HOST)")
+    p.add_argument("--port", help=f"bind port, default {DEFAULT_PORT} (CREWFENCE_PORT)")
+    p.add_argument("--allowed-operations", help="comma list, default run "
+                   "(CREWFENCE_ALLOWED_OPERATIONS)")
+    for b in BOUNDS.values():
+        p.add_argument(b.flag, help=f"{b.help}; {b.minimum}..{b.maximum}, default {b.default} "
+                       f"({b.env})")
+    p.add_argument("--training-dir", help="where train may write; required when train is "
+                   "enabled (CREWFENCE_TRAINING_DIR)")
+    p.add_argument("--ephemeral", action="store_const", const="1", default=None,
+                   help="no state file; loopback only (CREWFENCE_EPHEMERAL=1)")
+    p.add_argument("--allow-unauthenticated", action="store_const", const="1", default=None,
+                   help="no token; loopback only (CREWFENCE_ALLOW_UNAUTHENTICATED=1)")
+    p.add_argument("--log-level", help="DEBUG, INFO, WARNING, ERROR (CREWFENCE_LOG_LEVEL)")
+    return p
+
+
+def _pick(flag_value: str | None, env: Mapping[str, str], name: str) -> str | None:
+    if flag_value is not None:
+        return flag_value
+    value = env.get(name)
+    return value if value not in (None, "") else None
+
+
+def _flag_bool(raw: str | None, name: str) -> bool:
+    if raw is None:
+        return False
+    lowered = raw.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise ConfigError(f"{name} must be 1/true or 0/false")
+
+
+def _int_in(raw: str, name: str, lo: int, hi: int) -> int:
+    try:
+        value = int(raw.strip(), 10)
+    except ValueError:
+        raise ConfigError(f"{name} must be an integer {lo}..{hi}") from None
+    if not lo <= value <= hi:
+        raise ConfigError(f"{name} must be in {lo}..{hi}, got {value}")
+    return value
+
+
+def read_token_file(path: Path) -> str:
+    """The file must be a regular file (a Secret volume's symlink to one is fine), mode 0600."""
+    try:
+        st = path.stat()
+    except OSError as exc:
+        raise ConfigError(f"CREWFENCE_TOKEN_FILE {path}: {exc.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ConfigError(f"CREWFENCE_TOKEN_FILE {path} is not a regular file")
+    mode = stat.S_IMODE(st.st_mode)
+    if mode != 0o600:
+        raise ConfigError(f"CREWFENCE_TOKEN_FILE {path} must have mode 0600, has {mode:04o}")
+    try:
+        token = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        raise ConfigError(f"CREWFENCE_TOKEN_FILE {path} cannot be read as UTF-8") from None
+    if not token:
+        raise ConfigError(f"CREWFENCE_TOKEN_FILE {path} is empty")
+    return token
+
+
+def _operations(raw: str | None) -> frozenset[Operation]:
+    if raw is None:
+        return frozenset({Operation.RUN})
+    names = [n.strip() for n in raw.split(",") if n.strip()]
+    if not names:
+        raise ConfigError("CREWFENCE_ALLOWED_OPERATIONS is empty")
+    valid = {o.value for o in Operation}
+    bad = [n for n in names if n not in valid]
+    if bad:
+        raise ConfigError(f"CREWFENCE_ALLOWED_OPERATIONS: unknown operation {bad[0]!r} "
+                          f"(known: {', '.join(sorted(valid))})")
+    return frozenset(Operation(n) for n in names)
+
+
+def load_config(argv: Sequence[str] | None = None,
+                env: Mapping[str, str] | None = None) -> SidecarConfig:
+    """Parse flags and environment into a validated config, or raise ConfigError."""
+    env = os.environ if env is None else env
+    args = build_parser().parse_args(argv)
+
+    registry = _pick(args.registry, env, "CREWFENCE_REGISTRY")
+    if registry is not None and (registry.count(":") != 1 or not all(registry.split(":"))):
+        raise ConfigError("CREWFENCE_REGISTRY must look like module:attribute")
+    crews_raw = _pick(args.crews_file, env, "CREWFENCE_CREWS_FILE")
+    crews_file = Path(crews_raw) if crews_raw else None
+    if crews_file is not None and not crews_file.is_file():
+        raise ConfigError(f"CREWFENCE_CREWS_FILE {crews_file} is not a readable file")
+    if registry is None and crews_file is None:
+        raise ConfigError("no crews: set CREWFENCE_REGISTRY and/or CREWFENCE_CREWS_FILE")
+
+    host = _pick(args.host, env, "CREWFENCE_HOST") or DEFAULT_HOST
+    port_raw = _pick(args.port, env, "CREWFENCE_PORT")
+    port = DEFAULT_PORT if port_raw is None else _int_in(port_raw, "CREWFENCE_PORT", 0, 65535)
+    loopback = is_loopback(host)
+
+    ephemeral = _flag_bool(_pick(args.ephemeral, env, "CREWFENCE_EPHEMERAL"),
+                           "CREWFENCE_EPHEMERAL")
+    unauth = _flag_bool(_pick(args.allow_unauthenticated, env,
+                              "CREWFENCE_ALLOW_UNAUTHENTICATED"),
+                        "CREWFENCE_ALLOW_UNAUTHENTICATED")
+    if ephemeral and not loopback:
+        raise ConfigError(f"CREWFENCE_EPHEMERAL is refused off loopback (host {host})")
+    if unauth and not loopback:
+        raise ConfigError(f"CREWFENCE_ALLOW_UNAUTHENTICATED is refused off loopback (host {host})")
+
+    state_raw = _pick(args.state_file, env, "CREWFENCE_STATE_FILE")
+    if ephemeral and state_raw:
+        raise ConfigError("CREWFENCE_EPHEMERAL and CREWFENCE_STATE_FILE are exclusive")
+    if not ephemeral and not state_raw:
+        raise ConfigError("CREWFENCE_STATE_FILE is required (CREWFENCE_EPHEMERAL=1 only on "
+                          "loopback for development)")
+
+    token_inline = _pick(args.token, env, "CREWFENCE_TOKEN")
+    token_file = _pick(args.token_file, env, "CREWFENCE_TOKEN_FILE")
+    if token_inline is not None and token_file is not None:
+        raise ConfigError("CREWFENCE_TOKEN and CREWFENCE_TOKEN_FILE are exclusive")
+    token: str | None
+    if token_file is not None:
+        token = read_token_file(Path(token_file))
+    elif token_inline is not None:
+        token = token_inline.strip()
+        if not token:
+            raise ConfigError("CREWFENCE_TOKEN is blank")
+    else:
+        token = None
+    if token is not None and any(ord(ch) < 0x21 or ord(ch) > 0x7E for ch in token):
+        raise ConfigError("the bearer token must be printable ASCII without spaces")
+    if token is None and not unauth:
+        raise ConfigError("no bearer token: set CREWFENCE_TOKEN_FILE (or CREWFENCE_TOKEN); "
+                          "CREWFENCE_ALLOW_UNAUTHENTICATED=1 only on loopback")
+    if token is not None and unauth:
+        raise ConfigError("CREWFENCE_ALLOW_UNAUTHENTICATED and a token are exclusive")
+
+    operations = _operations(_pick(args.allowed_operations, env, "CREWFENCE_ALLOWED_OPERATIONS"))
+
+    bounds: dict[str, int] = {}
+    for key, b in BOUNDS.items():
+        raw = _pick(getattr(args, key), env, b.env)
+        bounds[key] = b.default if raw is None else _int_in(raw, b.env, b.minimum, b.maximum)
+
+    training_raw = _pick(args.training_dir, env, "CREWFENCE_TRAINING_DIR")
+    training_dir = Path(training_raw).absolute() if training_raw else None
+    if Operation.TRAIN in operations and training_dir is None:
+        raise ConfigError("CREWFENCE_TRAINING_DIR is required when train is enabled")
+    if training_dir is not None:
+        if training_dir.is_symlink() or not training_dir.is_dir():
+            raise ConfigError(f"CREWFENCE_TRAINING_DIR {training_dir} is not a directory "
+                              "(symlinks refused)")
+        if not os.access(training_dir, os.W_OK | os.X_OK):
+            raise ConfigError(f"CREWFENCE_TRAINING_DIR {training_dir} is not writable")
+
+    log_level = (_pick(args.log_level, env, "CREWFENCE_LOG_LEVEL") or "INFO").upper()
+    if log_level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise ConfigError("CREWFENCE_LOG_LEVEL must be DEBUG, INFO, WARNING or ERROR")
+
+    return SidecarConfig(
+        registry=registry, crews_file=crews_file,
+        state_file=Path(state_raw).absolute() if state_raw else None,
+        token=token, host=host, port=port, allowed_operations=operations,
+        training_dir=training_dir, ephemeral=ephemeral, allow_unauthenticated=unauth,
+        log_level=log_level, **bounds,
+    )

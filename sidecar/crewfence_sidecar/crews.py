@@ -1,0 +1,153 @@
+"""The crews a sidecar hosts, keyed by ``crew_id``: a registry and/or a declarative file.
+
+- Registry ``module:attribute`` (``CREWFENCE_REGISTRY``): a mapping ``crew_id -> zero-argument
+  factory`` returning a fresh ``crewai.Crew``. A value that is a ``Crew`` instance is accepted
+  too and cloned with ``crew.copy()`` for every job.
+- Declarative crews file (``CREWFENCE_CREWS_FILE``): see :mod:`crewfence_sidecar.declarative`.
+
+``build(crew_id)`` returns a new crew on every call; one Crew object never serves two jobs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+import weakref
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from crewai import Crew
+
+from crewfence_sidecar.declarative import DefinitionError, load_crews_file
+
+MAX_CREW_ID_CHARS = 256
+
+CrewFactory = Callable[[], Crew]
+
+
+class CatalogError(Exception):
+    """A registry or crews file that cannot serve crews; the message says what and where."""
+
+
+def _resolve_attribute(registry: str) -> object:
+    module_name, sep, attribute = registry.partition(":")
+    if not sep or not module_name or not attribute:
+        raise CatalogError(f"registry {registry!r} must have the form module:attribute")
+    try:
+        target: object = importlib.import_module(module_name)
+    except Exception as exc:  # any import-time failure is a configuration error
+        raise CatalogError(
+            f"registry {registry!r}: cannot import module {module_name!r}: "
+            f"{type(exc).__name__}: {exc}"
+        ) from None
+    for part in attribute.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise CatalogError(
+                f"registry {registry!r}: module {module_name!r} has no attribute {attribute!r}"
+            ) from None
+    return target
+
+
+def _clone_factory(crew: Crew) -> CrewFactory:
+    return crew.copy
+
+
+def _registry_factories(registry: str) -> dict[str, CrewFactory]:
+    mapping = _resolve_attribute(registry)
+    if not isinstance(mapping, Mapping):
+        raise CatalogError(
+            f"registry {registry!r} must be a mapping crew_id -> factory, "
+            f"not {type(mapping).__name__}"
+        )
+    factories: dict[str, CrewFactory] = {}
+    for crew_id, value in mapping.items():
+        if not isinstance(crew_id, str) or not 1 <= len(crew_id) <= MAX_CREW_ID_CHARS:
+            raise CatalogError(
+                f"registry {registry!r}: crew id {crew_id!r} must be a string of "
+                f"1..{MAX_CREW_ID_CHARS} characters"
+            )
+        if isinstance(value, Crew):
+            factories[crew_id] = _clone_factory(value)
+        elif callable(value):
+            factories[crew_id] = value
+        else:
+            raise CatalogError(
+                f"registry {registry!r}: crew {crew_id!r} must be a zero-argument factory "
+                f"or a crewai.Crew, not {type(value).__name__}"
+            )
+    return factories
+
+
+class _HandedOut:
+    """Remembers crews already given to a job, so a factory returning a shared one is caught."""
+
+    def __init__(self) -> None:
+        self._crews: weakref.WeakSet[Crew] = weakref.WeakSet()
+        self._lock = threading.Lock()
+
+    def claim(self, crew: Crew) -> bool:
+        """True when ``crew`` is new; False when it already served a job."""
+        with self._lock:
+            if crew in self._crews:
+                return False
+            self._crews.add(crew)
+            return True
+
+
+_HANDED_OUT = _HandedOut()
+
+
+@dataclass(frozen=True)
+class CrewCatalog:
+    factories: Mapping[str, CrewFactory]
+
+    @classmethod
+    def load(cls, registry: str | None, crews_file: Path | None) -> CrewCatalog:
+        """Both sources may be given; a crew id defined twice, or no crew at all, is an error."""
+        if registry is None and crews_file is None:
+            raise CatalogError("no crews: set a registry (module:attribute) or a crews file")
+        factories: dict[str, CrewFactory] = {}
+        if registry is not None:
+            factories.update(_registry_factories(registry))
+        if crews_file is not None:
+            try:
+                definitions = load_crews_file(crews_file)
+            except DefinitionError as exc:
+                raise CatalogError(str(exc)) from None
+            twice = sorted(set(definitions) & set(factories))
+            if twice:
+                raise CatalogError(
+                    f"crew id(s) {', '.join(map(repr, twice))} defined both in the registry "
+                    f"and in crews file {crews_file}"
+                )
+            factories.update({crew_id: d.build for crew_id, d in definitions.items()})
+        if not factories:
+            raise CatalogError("no crews: the registry and the crews file define none")
+        return cls(dict(factories))
+
+    def crew_ids(self) -> list[str]:
+        return sorted(self.factories)
+
+    def __contains__(self, crew_id: object) -> bool:
+        return crew_id in self.factories
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.crew_ids())
+
+    def build(self, crew_id: str) -> Crew:
+        """A fresh crew for one job. KeyError for an unknown id; CatalogError for a bad factory."""
+        factory = self.factories[crew_id]
+        crew = factory()
+        if not isinstance(crew, Crew):
+            raise CatalogError(
+                f"the factory of crew {crew_id!r} returned {type(crew).__name__}, "
+                "not a crewai.Crew"
+            )
+        if not _HANDED_OUT.claim(crew):
+            # The factory returned a crew that already served a job: never share one.
+            crew = crew.copy()
+            _HANDED_OUT.claim(crew)
+        return crew

@@ -1,0 +1,379 @@
+"""The sidecar's HTTP API (aiohttp): routes, headers and status codes of the wire contract."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, Final
+from urllib.parse import unquote
+
+import yaml
+from aiohttp import web
+
+from crewfence_sidecar.contract import (
+    ARCHIVE_CONFIRMATION_HEADER,
+    EXACT_REPEAT_HEADER,
+    IDEMPOTENCY_KEY_HEADER,
+    JOURNAL_ID_HEADER,
+    MAX_BODY_BYTES,
+    PREFER_ASYNC,
+    PREFER_HEADER,
+    SCHEMA_VERSION,
+    ContractError,
+    JobRecord,
+    Operation,
+    StartRequest,
+    error_body,
+    events_page,
+    job_path,
+    parse_cancel_request,
+    parse_start_request,
+)
+from crewfence_sidecar.runtime import Admission, Gone, JournalUnavailable, Runtime
+
+log = logging.getLogger("crewfence.sidecar.http")
+
+MAX_PAGE: Final = 1000
+SSE_HEARTBEAT_S: Final = 15.0
+PUBLIC_PATHS: Final = frozenset({"/health", "/metrics", "/openapi.json", "/openapi.yaml"})
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass(frozen=True)
+class ApiSettings:
+    token: str | None
+    crew_ids: tuple[str, ...]
+    operations: tuple[str, ...]
+    durable_journal: bool
+    max_retained_runs: int
+    max_state_bytes: int
+
+
+RUNTIME_KEY: Final = web.AppKey("runtime", Runtime)
+SETTINGS_KEY: Final = web.AppKey("settings", ApiSettings)
+
+
+def _json(status: int, body: Any, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(status=status, text=json.dumps(body, ensure_ascii=False),
+                        content_type="application/json", headers=headers)
+
+
+def _error(status: int, code: str, message: str, **extra: Any) -> web.Response:
+    headers = {"WWW-Authenticate": 'Bearer realm="crewfence"'} if status == 401 else None
+    return _json(status, error_body(code, message, **extra), headers)
+
+
+# --- middlewares ---------------------------------------------------------------------------
+@web.middleware
+async def errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ContractError as err:
+        return _error(err.status, err.code, err.message)
+    except web.HTTPRequestEntityTooLarge:
+        return _error(413, "body_too_large", f"the body is over {MAX_BODY_BYTES} bytes")
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        code = (exc.reason or "http_error").lower().replace(" ", "_")
+        headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
+        return _json(exc.status, error_body(code, exc.reason or "error"), headers)
+
+
+def auth_middleware(token: str | None) -> Callable[..., Awaitable[web.StreamResponse]]:
+    expected = token.encode("ascii") if token is not None else None
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if expected is None or request.path in PUBLIC_PATHS:
+            return await handler(request)
+        header = request.headers.get("Authorization", "")
+        scheme, _, credential = header.partition(" ")
+        if scheme.lower() != "bearer" or not credential.strip():
+            return _error(401, "unauthenticated", "a bearer token is required")
+        presented = credential.strip().encode("utf-8", "surrogateescape")
+        if not hmac.compare_digest(presented, expected):
+            return _error(401, "unauthenticated", "the bearer token is not valid")
+        return await handler(request)
+
+    return middleware
+
+
+# --- helpers -------------------------------------------------------------------------------
+def _runtime(request: web.Request) -> Runtime:
+    return request.app[RUNTIME_KEY]
+
+
+async def _read_json(request: web.Request) -> Any:
+    if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
+        raise web.HTTPRequestEntityTooLarge(max_size=MAX_BODY_BYTES,
+                                            actual_size=request.content_length)
+    raw = await request.read()
+    if not raw:
+        raise ContractError(400, "invalid_json", "the body must be a JSON object")
+    try:
+        return json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise ContractError(400, "invalid_json", "the body is not valid JSON") from None
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _wants_async(request: web.Request) -> bool:
+    prefer = request.headers.getall(PREFER_HEADER, [])
+    return any(PREFER_ASYNC in [p.strip().lower() for p in v.split(",")] for v in prefer)
+
+
+def _record_headers(request: web.Request, admission: Admission | None = None,
+                    record: JobRecord | None = None) -> dict[str, str]:
+    rt = _runtime(request)
+    headers = {JOURNAL_ID_HEADER: rt.journal.journal_id}
+    rec = record or (admission.record if admission else None)
+    if rec is not None:
+        headers["Location"] = job_path(rec.action_id)
+    if admission is not None and not admission.created:
+        headers[EXACT_REPEAT_HEADER] = "true"
+    return headers
+
+
+def _gone(g: Gone) -> web.Response:
+    return _json(410, {**error_body("archived", "this action was archived; it is never run "
+                                    "again"), "tombstone": g.tombstone.to_wire()})
+
+
+def _unavailable(exc: JournalUnavailable) -> web.Response:
+    code = "journal_full" if exc.full else "journal_unavailable"
+    return _error(507, code, str(exc))
+
+
+async def _admit(request: web.Request) -> tuple[Admission, StartRequest] | web.Response:
+    body = await _read_json(request)
+    req = parse_start_request(body)
+    try:
+        admission = await _runtime(request).admit(
+            req, request.headers.get(IDEMPOTENCY_KEY_HEADER))
+    except Gone as g:
+        return _gone(g)
+    except JournalUnavailable as exc:
+        return _unavailable(exc)
+    return admission, req
+
+
+# --- routes --------------------------------------------------------------------------------
+async def start_job(request: web.Request) -> web.StreamResponse:
+    admitted = await _admit(request)
+    if isinstance(admitted, web.Response):
+        return admitted
+    admission, req = admitted
+    record = admission.record
+    headers = _record_headers(request, admission)
+    if _wants_async(request):
+        headers["Preference-Applied"] = PREFER_ASYNC
+        return _json(200 if record.terminal else 202, record.to_wire(), headers)
+    # The blocking route waits with the request's own timeout, separately from the job's.
+    rt = _runtime(request)
+    done = await rt.wait_terminal(record.action_id, req.effective_timeout_ms / 1000)
+    current = rt.journal.get(record.action_id) or record
+    if not done:
+        return _json(504, {**error_body("wait_expired", "the blocking wait expired; the job "
+                                        "keeps running and keeps its record"),
+                           "record": current.to_wire()}, headers)
+    return _json(200, current.to_wire(), headers)
+
+
+async def stream_job(request: web.Request) -> web.StreamResponse:
+    admitted = await _admit(request)
+    if isinstance(admitted, web.Response):
+        return admitted
+    admission, _req = admitted
+    return await _sse(request, admission.record.action_id, 0,
+                      _record_headers(request, admission))
+
+
+async def get_job(request: web.Request) -> web.StreamResponse:
+    action_id = request.match_info["action_id"]
+    rt = _runtime(request)
+    record = rt.journal.get(action_id)
+    if record is None:
+        stone = rt.journal.tombstone(action_id)
+        if stone is not None:
+            return _gone(Gone(stone))
+        return _error(404, "unknown_job", "no such job")
+    return _json(200, record.to_wire(), _record_headers(request, record=record))
+
+
+def _cursor(request: web.Request) -> tuple[int, int]:
+    raw = request.query.get("cursor")
+    last_id = request.headers.get("Last-Event-ID")
+    try:
+        if raw is not None:
+            cursor = int(raw)
+        elif last_id is not None and last_id.strip():
+            cursor = int(last_id) + 1
+        else:
+            cursor = 0
+        limit = int(request.query.get("limit", MAX_PAGE))
+    except ValueError:
+        raise ContractError(400, "invalid_cursor", "cursor and limit must be integers") from None
+    if cursor < 0 or not 1 <= limit <= MAX_PAGE:
+        raise ContractError(400, "invalid_cursor", f"cursor >= 0 and limit 1..{MAX_PAGE}")
+    return cursor, limit
+
+
+async def job_events(request: web.Request) -> web.StreamResponse:
+    action_id = request.match_info["action_id"]
+    rt = _runtime(request)
+    cursor, limit = _cursor(request)
+    record = rt.journal.get(action_id)
+    if record is None:
+        stone = rt.journal.tombstone(action_id)
+        if stone is not None:
+            return _gone(Gone(stone))
+        return _error(404, "unknown_job", "no such job")
+    if cursor > record.event_count:
+        return _json(416, error_body("cursor_out_of_range",
+                                     f"cursor {cursor} is beyond the end ({record.event_count})",
+                                     event_count=record.event_count),
+                     {"Content-Range": f"events */{record.event_count}"})
+    if "text/event-stream" in request.headers.get("Accept", ""):
+        return await _sse(request, action_id, cursor, _record_headers(request, record=record))
+    events = rt.events(action_id, cursor, limit)
+    return _json(200, events_page(action_id, cursor, record.status, events),
+                 _record_headers(request, record=record))
+
+
+async def _sse(request: web.Request, action_id: str, cursor: int,
+               headers: dict[str, str]) -> web.StreamResponse:
+    """Follow the action's events as SSE until its terminal event has been sent."""
+    rt = _runtime(request)
+    resp = web.StreamResponse(status=200, headers={
+        **headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+        "X-Accel-Buffering": "no"})
+    await resp.prepare(request)
+    try:
+        while True:
+            record = rt.journal.get(action_id)
+            if record is None:  # archived while following
+                break
+            events = rt.events(action_id, cursor, MAX_PAGE)
+            for ev in events:
+                payload = json.dumps(ev.to_wire(), ensure_ascii=False)
+                await resp.write(f"id: {ev.sequence}\nevent: {ev.event}\ndata: {payload}\n\n"
+                                 .encode())
+                cursor = ev.sequence + 1
+            if events:
+                continue
+            if record.terminal and cursor >= record.event_count:
+                break
+            before = record.event_count
+            await rt.wait_change(action_id, SSE_HEARTBEAT_S)
+            current = rt.journal.get(action_id)
+            if current is not None and current.event_count == before and not current.terminal:
+                await resp.write(b": keep-alive\n\n")
+        await resp.write_eof()
+    except (ConnectionResetError, asyncio.CancelledError):
+        # The reader detached; the job is NOT cancelled by that.
+        if asyncio.current_task() and asyncio.current_task().cancelling():  # type: ignore[union-attr]
+            raise
+    return resp
+
+
+async def cancel_job(request: web.Request) -> web.StreamResponse:
+    action_id = request.match_info["action_id"]
+    body = await _read_json(request)
+    req = parse_cancel_request(body, action_id)
+    try:
+        record = await _runtime(request).cancel(req.crew_id, req.action_id, req.reason)
+    except Gone as g:
+        return _gone(g)
+    return _json(200, record.to_wire(), _record_headers(request, record=record))
+
+
+async def archive_job(request: web.Request) -> web.StreamResponse:
+    action_id = request.match_info["action_id"]
+    confirmation = request.headers.get(ARCHIVE_CONFIRMATION_HEADER)
+    if confirmation is None or not confirmation.strip():
+        return _error(428, "archive_confirmation_required",
+                      f"header {ARCHIVE_CONFIRMATION_HEADER} must name the action id")
+    if confirmation != action_id and unquote(confirmation) != action_id:
+        return _error(400, "archive_confirmation_mismatch",
+                      f"{ARCHIVE_CONFIRMATION_HEADER} does not name this action id")
+    try:
+        stone = _runtime(request).archive(action_id)
+    except Gone as g:
+        return _gone(g)
+    except JournalUnavailable as exc:
+        return _unavailable(exc)
+    return _json(200, stone.to_wire())
+
+
+async def health(request: web.Request) -> web.StreamResponse:
+    rt = _runtime(request)
+    s = request.app[SETTINGS_KEY]
+    return _json(200, {
+        "status": "ready",
+        "schema_version": SCHEMA_VERSION,
+        "crews": list(s.crew_ids),
+        "operations": list(s.operations),
+        "durable_journal": s.durable_journal,
+        "journal_id": rt.journal.journal_id,
+        "active_runs": rt.active_runs,
+        "retained_runs": len(rt.journal.records),
+        "max_retained_runs": s.max_retained_runs,
+        "journal_bytes": rt.journal.state_bytes(),
+        "max_state_bytes": s.max_state_bytes,
+        "authenticated": s.token is not None,
+    }, {JOURNAL_ID_HEADER: rt.journal.journal_id})
+
+
+async def metrics(request: web.Request) -> web.StreamResponse:
+    rt = _runtime(request)
+    return web.Response(body=rt.metrics.render(),
+                        headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+
+def openapi_document() -> dict[str, Any]:
+    text = resources.files("crewfence_sidecar").joinpath("openapi.yaml").read_text("utf-8")
+    doc: dict[str, Any] = yaml.safe_load(text)
+    return doc
+
+
+async def openapi_json(request: web.Request) -> web.StreamResponse:
+    return _json(200, openapi_document())
+
+
+async def openapi_yaml(request: web.Request) -> web.StreamResponse:
+    text = resources.files("crewfence_sidecar").joinpath("openapi.yaml").read_text("utf-8")
+    return web.Response(text=text, content_type="application/yaml")
+
+
+def build_app(runtime: Runtime, settings: ApiSettings) -> web.Application:
+    app = web.Application(
+        client_max_size=MAX_BODY_BYTES,
+        middlewares=[errors_middleware, auth_middleware(settings.token)],
+    )
+    app[RUNTIME_KEY] = runtime
+    app[SETTINGS_KEY] = settings
+    r = app.router
+    r.add_get("/health", health)
+    r.add_get("/metrics", metrics)
+    r.add_get("/openapi.json", openapi_json)
+    r.add_get("/openapi.yaml", openapi_yaml)
+    r.add_post("/jobs", start_job)
+    r.add_post("/jobs/stream", stream_job)
+    r.add_get("/jobs/{action_id}", get_job)
+    r.add_delete("/jobs/{action_id}", archive_job)
+    r.add_get("/jobs/{action_id}/events", job_events)
+    r.add_post("/jobs/{action_id}/cancel", cancel_job)
+    return app
+
+
+def default_operations(allowed: frozenset[Operation]) -> tuple[str, ...]:
+    return tuple(op.value for op in Operation if op in allowed)

@@ -1,0 +1,418 @@
+"""The durable journal: records, events and tombstones in one SQLite file.
+
+Every change is one small transaction (row inserts/updates) committed with
+``synchronous=FULL`` in WAL mode under ``locking_mode=EXCLUSIVE`` (the WAL index then
+lives in heap memory: no ``-shm`` file). The cost of an admission or an event therefore
+does not depend on how many records the journal retains.
+
+In memory we keep the records (small; events stay on disk and are paged on demand).
+A change reaches memory only after its transaction committed, so a failed persist leaves
+nothing behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sqlite3
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Final
+
+from crewfence_sidecar.contract import (
+    TERMINAL_EVENT_FOR_STATUS,
+    EventName,
+    JobEvent,
+    JobRecord,
+    Status,
+    Tombstone,
+)
+from crewfence_sidecar.fencing import create_journal_file
+
+SCHEMA_VERSION: Final = 1
+ESTIMATED_ROW_OVERHEAD: Final = 512
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS records (
+    action_id TEXT PRIMARY KEY,
+    crew_id TEXT NOT NULL,
+    operation TEXT NOT NULL,
+    request_hash TEXT NOT NULL,
+    status TEXT NOT NULL,
+    event_count INTEGER NOT NULL,
+    output TEXT NOT NULL,
+    error TEXT NOT NULL,
+    uncertain_outcome INTEGER NOT NULL,
+    created_at TEXT NOT NULL,
+    updated_at TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS events (
+    action_id TEXT NOT NULL,
+    sequence INTEGER NOT NULL,
+    event TEXT NOT NULL,
+    data TEXT NOT NULL,
+    PRIMARY KEY (action_id, sequence)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS tombstones (
+    action_id TEXT PRIMARY KEY,
+    crew_id TEXT NOT NULL,
+    operation TEXT NOT NULL,
+    request_hash TEXT NOT NULL,
+    status TEXT NOT NULL,
+    uncertain_outcome INTEGER NOT NULL,
+    archived_at TEXT NOT NULL
+);
+"""
+
+
+class JournalError(Exception):
+    """The journal cannot be opened or restored; the message is one printable line."""
+
+
+class PersistError(Exception):
+    """A change could not be made durable (disk full, I/O error); nothing was changed."""
+
+
+class JournalFull(PersistError):
+    """A bound (records or bytes) would be exceeded; nothing was changed."""
+
+
+@dataclass(frozen=True)
+class JournalLimits:
+    max_retained_runs: int = 10_000
+    max_events_per_run: int = 10_000
+    max_event_bytes: int = 256 * 1024
+    max_state_bytes: int = 1024**3
+
+
+def utc_now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def _record_from_row(row: sqlite3.Row) -> JobRecord:
+    return JobRecord(
+        action_id=row["action_id"], crew_id=row["crew_id"], operation=row["operation"],
+        request_hash=row["request_hash"], status=Status(row["status"]),
+        event_count=row["event_count"], output=json.loads(row["output"]),
+        error=json.loads(row["error"]), uncertain_outcome=bool(row["uncertain_outcome"]),
+        created_at=row["created_at"], updated_at=row["updated_at"],
+    )
+
+
+@dataclass(frozen=True)
+class RestoreReport:
+    records: int
+    recovered_running: list[str]
+    seconds: float
+
+
+class Journal:
+    """One journal; every method is synchronous and must be called from one thread."""
+
+    def __init__(self, conn: sqlite3.Connection, path: Path | None, limits: JournalLimits,
+                 journal_id: str) -> None:
+        self._conn = conn
+        self.path = path
+        self.limits = limits
+        self.journal_id = journal_id
+        self.records: dict[str, JobRecord] = {}
+        self._approx_bytes = 0
+        self.restore_report = RestoreReport(0, [], 0.0)
+
+    # --- opening ---------------------------------------------------------------------------
+    @classmethod
+    def open(cls, path: Path | None, limits: JournalLimits, *, create: bool = True) -> Journal:
+        """Open (creating if allowed) and restore. ``path=None`` is an in-memory journal.
+
+        The caller has already applied the file rules and holds the lock (fencing.py).
+        """
+        started = time.monotonic()
+        if path is not None:
+            if not path.exists():
+                if not create:
+                    raise JournalError(f"journal {path} does not exist")
+                create_journal_file(path)
+            elif path.stat().st_size > limits.max_state_bytes:
+                raise JournalError(f"journal {path} is larger than CREWFENCE_MAX_STATE_BYTES "
+                                   f"({path.stat().st_size} > {limits.max_state_bytes})")
+        try:
+            conn = sqlite3.connect(str(path) if path else ":memory:", isolation_level=None,
+                                   check_same_thread=False)
+            conn.row_factory = sqlite3.Row
+            conn.execute("PRAGMA locking_mode=EXCLUSIVE")
+            mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if path is not None and str(mode).lower() != "wal":
+                raise JournalError(f"journal {path}: cannot enable WAL mode (got {mode})")
+            conn.execute("PRAGMA synchronous=FULL")
+            conn.execute("PRAGMA foreign_keys=OFF")
+            conn.executescript(_SCHEMA)
+            journal_id = cls._ensure_meta(conn)
+        except sqlite3.DatabaseError as exc:
+            raise JournalError(f"journal {path} is not a usable SQLite journal: {exc}") from None
+        journal = cls(conn, path, limits, journal_id)
+        journal._restore(started)
+        return journal
+
+    @staticmethod
+    def _ensure_meta(conn: sqlite3.Connection) -> str:
+        rows = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+        if "journal_id" in rows:
+            if rows.get("schema_version") != str(SCHEMA_VERSION):
+                raise JournalError(f"journal schema version {rows.get('schema_version')} is "
+                                   f"not {SCHEMA_VERSION}")
+            return str(rows["journal_id"])
+        journal_id = str(uuid.uuid4())
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("INSERT INTO meta VALUES ('journal_id', ?), ('schema_version', ?), "
+                     "('created_at', ?)", (journal_id, str(SCHEMA_VERSION), utc_now()))
+        conn.execute("COMMIT")
+        return journal_id
+
+    def _restore(self, started: float) -> None:
+        limits = self.limits
+        name = self.path or "(memory)"
+        rows = self._conn.execute("SELECT * FROM records").fetchall()
+        if len(rows) > limits.max_retained_runs:
+            raise JournalError(f"journal {name} holds {len(rows)} records, more than "
+                               f"CREWFENCE_MAX_RETAINED_RUNS={limits.max_retained_runs}")
+        records: dict[str, JobRecord] = {}
+        for row in rows:
+            try:
+                record = _record_from_row(row)
+            except (ValueError, KeyError, TypeError):
+                raise JournalError(f"journal {name}: record {row['action_id']!r} is "
+                                   "malformed") from None
+            if record.action_id in records:
+                raise JournalError(f"journal {name}: duplicate action id "
+                                   f"{record.action_id!r}")
+            records[record.action_id] = record
+        dup = self._conn.execute(
+            "SELECT t.action_id FROM tombstones t JOIN records r USING (action_id) LIMIT 1"
+        ).fetchone()
+        if dup is not None:
+            raise JournalError(f"journal {name}: duplicate action id {dup[0]!r} "
+                               "(both a record and a tombstone)")
+        stats = self._conn.execute(
+            "SELECT action_id, count(*), min(sequence), max(sequence), "
+            "max(length(CAST(data AS BLOB)) + length(event)) FROM events GROUP BY action_id"
+        ).fetchall()
+        seen: set[str] = set()
+        for action_id, count, lo, hi, biggest in stats:
+            found = records.get(action_id)
+            if found is None:
+                raise JournalError(f"journal {name}: events for unknown action {action_id!r}")
+            if count > limits.max_events_per_run:
+                raise JournalError(f"journal {name}: action {action_id!r} has {count} events, "
+                                   f"more than CREWFENCE_MAX_EVENTS_PER_RUN="
+                                   f"{limits.max_events_per_run}")
+            if biggest > limits.max_event_bytes:
+                raise JournalError(f"journal {name}: an event of action {action_id!r} has "
+                                   f"{biggest} bytes, more than CREWFENCE_MAX_EVENT_BYTES="
+                                   f"{limits.max_event_bytes}")
+            if lo != 0 or hi != count - 1 or count != found.event_count:
+                raise JournalError(f"journal {name}: events of action {action_id!r} are not "
+                                   "contiguous from 0 or disagree with its event_count")
+            seen.add(action_id)
+        for action_id, record in records.items():
+            if action_id not in seen and record.event_count != 0:
+                raise JournalError(f"journal {name}: action {action_id!r} lost its events")
+        self.records = records
+        self._approx_bytes = self._file_bytes()
+        recovered = [r.action_id for r in records.values() if r.status is Status.RUNNING]
+        for action_id in recovered:
+            self._recover_running(action_id)
+        self.restore_report = RestoreReport(len(records), recovered,
+                                            time.monotonic() - started)
+
+    def _recover_running(self, action_id: str) -> None:
+        """A restored running record cannot resume: failed, with an uncertain outcome."""
+        error = {"code": "sidecar_restarted",
+                 "message": "the sidecar restarted while this job was running; whether its "
+                            "work finished or had external effects is unknown"}
+        self.finish(action_id, Status.FAILED, output=None, error=error, uncertain=True,
+                    event_data={"reason": "sidecar_restarted"})
+
+    # --- sizes -----------------------------------------------------------------------------
+    def _file_bytes(self) -> int:
+        if self.path is None:
+            page = self._conn.execute("PRAGMA page_count").fetchone()[0]
+            size = self._conn.execute("PRAGMA page_size").fetchone()[0]
+            return int(page * size)
+        total = 0
+        for suffix in ("", "-wal"):
+            with contextlib.suppress(FileNotFoundError):
+                total += self.path.with_name(self.path.name + suffix).stat().st_size
+        return total
+
+    def state_bytes(self) -> int:
+        return self._file_bytes()
+
+    def _check_room(self, extra: int) -> None:
+        # stat() of two files: constant cost, and exact enough for a bound
+        if self._file_bytes() + extra + ESTIMATED_ROW_OVERHEAD > self.limits.max_state_bytes:
+            raise JournalFull("the journal would exceed CREWFENCE_MAX_STATE_BYTES")
+
+    # --- transactions ----------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        conn = self._conn
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            raise PersistError(f"journal cannot begin a transaction: {exc}") from exc
+        try:
+            yield conn
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            raise PersistError(f"journal write failed: {exc}") from exc
+        except BaseException:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            raise
+
+    # --- reads -----------------------------------------------------------------------------
+    def get(self, action_id: str) -> JobRecord | None:
+        return self.records.get(action_id)
+
+    def tombstone(self, action_id: str) -> Tombstone | None:
+        row = self._conn.execute("SELECT * FROM tombstones WHERE action_id = ?",
+                                 (action_id,)).fetchone()
+        if row is None:
+            return None
+        return Tombstone(action_id=row["action_id"], crew_id=row["crew_id"],
+                         operation=row["operation"], request_hash=row["request_hash"],
+                         status=Status(row["status"]), archived_at=row["archived_at"],
+                         uncertain_outcome=bool(row["uncertain_outcome"]))
+
+    def tombstone_count(self) -> int:
+        return int(self._conn.execute("SELECT count(*) FROM tombstones").fetchone()[0])
+
+    def events(self, action_id: str, cursor: int = 0, limit: int = 1000) -> list[JobEvent]:
+        rows = self._conn.execute(
+            "SELECT sequence, event, data FROM events WHERE action_id = ? AND sequence >= ? "
+            "ORDER BY sequence LIMIT ?", (action_id, cursor, limit)).fetchall()
+        return [JobEvent(event=r["event"], sequence=r["sequence"], data=json.loads(r["data"]))
+                for r in rows]
+
+    # --- writes ----------------------------------------------------------------------------
+    def admit(self, record: JobRecord, started_data: dict[str, Any]) -> JobEvent:
+        """Insert a running record and its `started` event durably, or raise (nothing kept)."""
+        if record.action_id in self.records:
+            raise ValueError(f"action {record.action_id!r} already exists")
+        if len(self.records) >= self.limits.max_retained_runs:
+            raise JournalFull("the journal holds CREWFENCE_MAX_RETAINED_RUNS records; archive "
+                              "terminal records")
+        data = dumps(started_data)
+        self._check_room(len(data) + len(record.action_id) * 2)
+        event = JobEvent(event=EventName.STARTED.value, sequence=0, data=started_data)
+        with self._tx() as conn:
+            conn.execute(
+                "INSERT INTO records VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (record.action_id, record.crew_id, record.operation, record.request_hash,
+                 record.status.value, 1, dumps(record.output), dumps(record.error),
+                 int(record.uncertain_outcome), record.created_at, record.updated_at))
+            conn.execute("INSERT INTO events VALUES (?, 0, ?, ?)",
+                         (record.action_id, event.event, data))
+        record.event_count = 1
+        self.records[record.action_id] = record
+        return event
+
+    def room_for_events(self, action_id: str) -> int:
+        """Non-terminal events that still fit (one slot stays reserved for the terminal one)."""
+        record = self.records[action_id]
+        return self.limits.max_events_per_run - 1 - record.event_count
+
+    def append_event(self, action_id: str, name: str, data: dict[str, Any]) -> JobEvent:
+        """Append one non-terminal event; raise JournalFull when the record has no room."""
+        record = self.records[action_id]
+        if self.room_for_events(action_id) <= 0:
+            raise JournalFull("CREWFENCE_MAX_EVENTS_PER_RUN reached")
+        encoded = dumps(data)
+        if len(encoded.encode("utf-8")) + len(name) > self.limits.max_event_bytes:
+            raise JournalFull("event is over CREWFENCE_MAX_EVENT_BYTES")
+        self._check_room(len(encoded))
+        seq = record.event_count
+        now = utc_now()
+        with self._tx() as conn:
+            conn.execute("INSERT INTO events VALUES (?, ?, ?, ?)",
+                         (action_id, seq, name, encoded))
+            conn.execute("UPDATE records SET event_count = ?, updated_at = ? "
+                         "WHERE action_id = ?", (seq + 1, now, action_id))
+        record.event_count = seq + 1
+        record.updated_at = now
+        return JobEvent(event=name, sequence=seq, data=data)
+
+    def finish(self, action_id: str, status: Status, *, output: Any, error: Any,
+               uncertain: bool, event_data: dict[str, Any]) -> JobEvent:
+        """Make a running record terminal together with its terminal event (one transaction).
+
+        The terminal event always fits: one slot is reserved and an oversized event body is
+        cut to a summary (the full output stays on the record).
+        """
+        record = self.records[action_id]
+        name = TERMINAL_EVENT_FOR_STATUS[status].value
+        data = dict(event_data)
+        data["status"] = status.value
+        if uncertain:
+            data["uncertain_outcome"] = True
+        encoded = dumps(data)
+        if len(encoded.encode("utf-8")) + len(name) > self.limits.max_event_bytes:
+            data = {k: v for k, v in data.items() if k != "output"}
+            data["output_omitted"] = True
+            encoded = dumps(data)
+            if len(encoded.encode("utf-8")) + len(name) > self.limits.max_event_bytes:
+                data = {"status": status.value, "uncertain_outcome": uncertain,
+                        "truncated": True}
+                encoded = dumps(data)
+        seq = record.event_count
+        now = utc_now()
+        output_text = dumps(output)
+        error_text = dumps(error)
+        with self._tx() as conn:
+            conn.execute("INSERT INTO events VALUES (?, ?, ?, ?)",
+                         (action_id, seq, name, encoded))
+            conn.execute(
+                "UPDATE records SET status = ?, event_count = ?, output = ?, error = ?, "
+                "uncertain_outcome = ?, updated_at = ? WHERE action_id = ?",
+                (status.value, seq + 1, output_text, error_text,
+                 int(uncertain or record.uncertain_outcome), now, action_id))
+        record.status = status
+        record.event_count = seq + 1
+        record.output = output
+        record.error = error
+        record.uncertain_outcome = uncertain or record.uncertain_outcome
+        record.updated_at = now
+        return JobEvent(event=name, sequence=seq, data=data)
+
+    def archive(self, action_id: str) -> Tombstone:
+        """Remove a terminal record and its events, leaving a tombstone."""
+        record = self.records[action_id]
+        if not record.terminal:
+            raise ValueError("only terminal records can be archived")
+        stone = Tombstone(action_id=record.action_id, crew_id=record.crew_id,
+                          operation=record.operation, request_hash=record.request_hash,
+                          status=record.status, archived_at=utc_now(),
+                          uncertain_outcome=record.uncertain_outcome)
+        with self._tx() as conn:
+            conn.execute("DELETE FROM events WHERE action_id = ?", (action_id,))
+            conn.execute("DELETE FROM records WHERE action_id = ?", (action_id,))
+            conn.execute("INSERT INTO tombstones VALUES (?, ?, ?, ?, ?, ?, ?)",
+                         (stone.action_id, stone.crew_id, stone.operation, stone.request_hash,
+                          stone.status.value, int(stone.uncertain_outcome), stone.archived_at))
+        del self.records[action_id]
+        return stone
+
+    def close(self) -> None:
+        with contextlib.suppress(sqlite3.Error):
+            self._conn.close()

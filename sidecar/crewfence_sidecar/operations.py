@@ -1,0 +1,370 @@
+"""Execute one admitted job on a fresh crew, per the reference's execution table.
+
+| operation         | mechanism                                                        |
+|-------------------|------------------------------------------------------------------|
+| ``run``           | native ``akickoff`` with crewai streaming; text chunks -> events |
+| ``batch_run``     | native ``akickoff_for_each`` (concurrent fresh copies)           |
+| ``replay``        | ``Crew.replay`` in a worker thread                               |
+| ``train``         | ``Crew.train`` in a worker thread, one at a time, feedback from  |
+|                   | the job input through a per-job HumanInputProvider               |
+| ``test``          | ``Crew.test`` in a worker thread, scores from the event bus      |
+| ``knowledge_query``| worker thread: crewai 1.15's ``aquery_knowledge`` needs an async |
+|                   | chromadb client it never creates, logs an error and returns []   |
+| ``memory_reset``  | ``Crew.reset_memories`` in a worker thread                       |
+
+The runtime owns timeouts, cancellation, events other than chunks, and the journal. A
+cancelled waiter does not stop a worker thread; a thread-backed job that was cancelled
+before its crewai call began never begins it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import hashlib
+import os
+import threading
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from crewai import Crew
+from crewai.core.providers.human_input import SyncHumanInputProvider, set_provider
+from crewai.crews.crew_output import CrewOutput
+from crewai.events.base_events import BaseEvent
+from crewai.events.event_bus import crewai_event_bus
+from crewai.events.listeners.tracing.utils import set_suppress_tracing_messages
+from crewai.events.types.crew_events import CrewTestResultEvent
+from crewai.types.streaming import CrewStreamingOutput, StreamChunk
+from crewai.utilities.constants import TRAINING_DATA_FILE
+from pydantic_core import to_jsonable_python
+
+from crewfence_sidecar.contract import ARTIFACT_NAME_RE, Operation
+from crewfence_sidecar.crews import CrewCatalog
+from crewfence_sidecar.offline_llm import resolve_llm
+
+T = TypeVar("T")
+EVENT_FLUSH_SECONDS = 30.0
+
+
+@dataclass(frozen=True)
+class ExecutionContext:
+    crew_id: str
+    action_id: str
+    operation: str
+    """A :class:`crewfence_sidecar.contract.Operation` value."""
+    input: dict[str, Any]
+    """Already validated by ``contract.validate_operation_input``."""
+    training_dir: Path | None
+    emit_chunk: Callable[[dict[str, Any]], Awaitable[None]]
+    """Appends the data of one ``chunk`` event."""
+
+
+class ExecutionError(Exception):
+    """A job that cannot run as asked (the message is safe to show the caller)."""
+
+
+class CancelledBeforeStart(ExecutionError):
+    """The waiter was cancelled before the worker thread began the crewai call."""
+
+
+def jsonable(value: Any) -> Any:
+    """A JSON-serialisable copy (pydantic models dumped, UUIDs and other leftovers as str)."""
+    return to_jsonable_python(value, fallback=str)
+
+
+def crew_output(crew: Crew | None, result: CrewOutput) -> dict[str, Any]:
+    """``raw``, ``tasks`` (with the task ids a replay can name) and ``token_usage``."""
+    if crew is not None:
+        tasks = [
+            {"id": str(task.id), "name": task.name or "", "raw": task.output.raw}
+            for task in crew.tasks
+            if task.output is not None
+        ]
+    else:
+        tasks = [{"name": out.name or "", "raw": out.raw} for out in result.tasks_output]
+    output: dict[str, Any] = {"raw": result.raw, "tasks": tasks}
+    if result.token_usage is not None and result.token_usage.total_tokens:
+        output["token_usage"] = jsonable(result.token_usage)
+    if result.json_dict:
+        output["json"] = jsonable(result.json_dict)
+    if result.pydantic is not None:
+        output["pydantic"] = jsonable(result.pydantic)
+    return jsonable(output)
+
+
+def chunk_data(chunk: StreamChunk) -> dict[str, Any]:
+    """The data of a ``chunk`` event. crewai 1.15 leaves task_name/task_id empty in streams."""
+    data: dict[str, Any] = {
+        "content": chunk.content,
+        "chunk_type": chunk.chunk_type.value,
+        "agent_role": chunk.agent_role,
+    }
+    if chunk.task_id:
+        data["task_id"] = chunk.task_id
+    if chunk.task_name:
+        data["task_name"] = chunk.task_name
+    if chunk.tool_call is not None:
+        data["tool_call"] = jsonable(chunk.tool_call)
+    return data
+
+
+async def _build(catalog: CrewCatalog, crew_id: str) -> Crew:
+    # Building may embed knowledge sources (chromadb I/O): keep it off the event loop.
+    return await asyncio.to_thread(catalog.build, crew_id)
+
+
+async def _in_thread(work: Callable[[threading.Event], T]) -> T:
+    cancelled = threading.Event()
+    try:
+        return await asyncio.to_thread(work, cancelled)
+    except asyncio.CancelledError:
+        cancelled.set()
+        raise
+
+
+def _check_not_cancelled(cancelled: threading.Event) -> None:
+    if cancelled.is_set():
+        raise CancelledBeforeStart("the job was cancelled before its work began")
+
+
+# --- run / batch_run ---------------------------------------------------------------------------
+async def _run(catalog: CrewCatalog, ctx: ExecutionContext) -> Any:
+    crew = await _build(catalog, ctx.crew_id)
+    crew.stream = True
+    streaming = await crew.akickoff(inputs=dict(ctx.input))
+    if not isinstance(streaming, CrewStreamingOutput):  # pragma: no cover - crewai contract
+        return crew_output(crew, streaming)
+    # ``async with`` closes the stream (and cancels crewai's inner task) on any exit.
+    async with streaming:
+        async for chunk in streaming:
+            await ctx.emit_chunk(chunk_data(chunk))
+    return crew_output(crew, streaming.result)
+
+
+async def _batch_run(catalog: CrewCatalog, ctx: ExecutionContext) -> Any:
+    crew = await _build(catalog, ctx.crew_id)
+    inputs = [dict(item) for item in ctx.input["inputs"]]
+    results = await crew.akickoff_for_each(inputs=inputs)
+    if not isinstance(results, list):  # pragma: no cover - only with crew.stream
+        raise ExecutionError("batch_run: the crew must not enable streaming")
+    output: dict[str, Any] = {
+        "results": [crew_output(None, r) for r in results if isinstance(r, CrewOutput)]
+    }
+    if crew.usage_metrics is not None and crew.usage_metrics.total_tokens:
+        output["token_usage"] = jsonable(crew.usage_metrics)
+    return output
+
+
+# --- replay ------------------------------------------------------------------------------------
+def _replay(catalog: CrewCatalog, ctx: ExecutionContext, cancelled: threading.Event) -> Any:
+    crew = catalog.build(ctx.crew_id)
+    _check_not_cancelled(cancelled)
+    inputs = ctx.input.get("inputs")
+    result = crew.replay(task_id=str(ctx.input["task_id"]),
+                         inputs=dict(inputs) if inputs is not None else None)
+    return {"replayed_task_id": ctx.input["task_id"], **crew_output(crew, result)}
+
+
+# --- train -------------------------------------------------------------------------------------
+# crewai writes training_data.pkl relative to the working directory: one train at a time.
+_TRAIN_LOCK = threading.Lock()
+_LOCK_POLL_SECONDS = 0.2
+
+
+class TrainingPathError(ExecutionError):
+    """An artifact name or training directory that would write outside the training dir."""
+
+
+def artifact_path(training_dir: Path | None, artifact_name: str) -> Path:
+    """The artifact's absolute path, proven to be a plain file directly inside the directory."""
+    if training_dir is None:
+        raise TrainingPathError("train needs a training directory (CREWFENCE_TRAINING_DIR)")
+    if not ARTIFACT_NAME_RE.fullmatch(artifact_name):
+        raise TrainingPathError(f"artifact_name must match {ARTIFACT_NAME_RE.pattern}")
+    file_name = artifact_name if artifact_name.endswith(".pkl") else f"{artifact_name}.pkl"
+    if file_name == TRAINING_DATA_FILE:
+        raise TrainingPathError(f"artifact_name {artifact_name!r} is reserved by crewai")
+    try:
+        root = training_dir.resolve(strict=True)
+    except OSError:
+        raise TrainingPathError("the training directory does not exist") from None
+    if not root.is_dir():
+        raise TrainingPathError("the training directory is not a directory")
+    candidate = root / file_name
+    if candidate.is_symlink() or (candidate.exists() and not candidate.is_file()):
+        raise TrainingPathError(f"artifact {file_name!r} exists and is not a regular file")
+    target = candidate.resolve()
+    if target.parent != root:
+        raise TrainingPathError(f"artifact {file_name!r} escapes the training directory")
+    return target
+
+
+DEFAULT_TRAINING_FEEDBACK = "No further feedback: keep the answer as it is."
+
+
+class FeedbackProvider(SyncHumanInputProvider):
+    """Answers crewai's human-input prompts from the job's ``feedback`` list, never stdin.
+
+    Each prompt takes the next item. When the list is used up, a training prompt gets
+    :data:`DEFAULT_TRAINING_FEEDBACK` (crewai 1.15 rejects training data whose feedback is
+    empty) and any other prompt gets "" (which ends crewai's feedback loop).
+    """
+
+    def __init__(self, feedback: list[str]) -> None:
+        self._feedback = list(feedback)
+        self._lock = threading.Lock()
+        self.asked = 0
+
+    def _prompt_input(self, crew: Any) -> str:  # type: ignore[override]
+        with self._lock:
+            self.asked += 1
+            if self._feedback:
+                return self._feedback.pop(0)
+        return DEFAULT_TRAINING_FEEDBACK if getattr(crew, "_train", False) else ""
+
+    async def _prompt_input_async(self, crew: Any) -> str:  # type: ignore[override]
+        return self._prompt_input(crew)
+
+
+@contextlib.contextmanager
+def _working_directory(path: Path) -> Iterator[None]:
+    """cwd = ``path`` for the block (process-wide; only under the train lock)."""
+    previous = os.getcwd()
+    if Path(previous).resolve() == path:
+        yield
+        return
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(previous)
+
+
+def _acquire_train_lock(cancelled: threading.Event) -> None:
+    while not _TRAIN_LOCK.acquire(timeout=_LOCK_POLL_SECONDS):
+        _check_not_cancelled(cancelled)
+
+
+def _train(catalog: CrewCatalog, ctx: ExecutionContext, cancelled: threading.Event) -> Any:
+    target = artifact_path(ctx.training_dir, str(ctx.input["artifact_name"]))
+    feedback = [str(item) for item in ctx.input.get("feedback") or []]
+    inputs = dict(ctx.input.get("inputs") or {})
+    crew = catalog.build(ctx.crew_id)
+    _acquire_train_lock(cancelled)
+    try:
+        _check_not_cancelled(cancelled)
+        provider = FeedbackProvider(feedback)
+        set_provider(provider)  # this worker thread's context copy only
+        with _working_directory(target.parent):
+            crew.train(n_iterations=int(ctx.input["n_iterations"]), filename=str(target),
+                       inputs=inputs)
+    finally:
+        _TRAIN_LOCK.release()
+    data = target.read_bytes()
+    return {
+        "artifact": target.name,
+        "bytes": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "n_iterations": int(ctx.input["n_iterations"]),
+        "agents": [agent.role for agent in crew.agents],
+        "feedback_prompts": provider.asked,
+    }
+
+
+# --- test --------------------------------------------------------------------------------------
+_TEST_SCORES: contextvars.ContextVar[list[dict[str, Any]] | None] = contextvars.ContextVar(
+    "crewfence_test_scores", default=None
+)
+_HANDLER_LOCK = threading.Lock()
+_handler_registered = False
+
+
+def _on_test_result(source: Any, event: BaseEvent) -> None:
+    # The bus runs sync handlers in a copy of the emitting context: the job's list is visible.
+    scores = _TEST_SCORES.get()
+    if scores is not None and isinstance(event, CrewTestResultEvent):
+        scores.append({
+            "quality": event.quality,
+            "execution_duration": event.execution_duration,
+            "model": event.model,
+        })
+
+
+def _ensure_test_handler() -> None:
+    global _handler_registered
+    with _HANDLER_LOCK:
+        if not _handler_registered:
+            crewai_event_bus.register_handler(CrewTestResultEvent, _on_test_result)
+            _handler_registered = True
+
+
+def _test(catalog: CrewCatalog, ctx: ExecutionContext, cancelled: threading.Event) -> Any:
+    _ensure_test_handler()
+    crew = catalog.build(ctx.crew_id)
+    eval_llm = resolve_llm(str(ctx.input["eval_llm"]))
+    n_iterations = int(ctx.input["n_iterations"])
+    scores: list[dict[str, Any]] = []
+    _TEST_SCORES.set(scores)  # this worker thread's context copy only
+    _check_not_cancelled(cancelled)
+    crew.test(n_iterations=n_iterations, eval_llm=eval_llm,
+              inputs=dict(ctx.input.get("inputs") or {}))
+    if not crewai_event_bus.flush(timeout=EVENT_FLUSH_SECONDS):
+        raise ExecutionError("test: crewai's event bus did not deliver the scores in time")
+    qualities = [s["quality"] for s in scores]
+    return jsonable({
+        "n_iterations": n_iterations,
+        "eval_llm": eval_llm.model,
+        "scores": scores,
+        "average_quality": round(sum(qualities) / len(qualities), 3) if qualities else None,
+    })
+
+
+# --- knowledge_query / memory_reset ------------------------------------------------------------
+def _knowledge_query(catalog: CrewCatalog, ctx: ExecutionContext,
+                     cancelled: threading.Event) -> Any:
+    crew = catalog.build(ctx.crew_id)
+    if crew.knowledge is None:
+        raise ExecutionError(f"crew {ctx.crew_id!r} has no knowledge sources")
+    _check_not_cancelled(cancelled)
+    results = crew.query_knowledge(
+        [str(q) for q in ctx.input["query"]],
+        results_limit=int(ctx.input.get("results_limit", 3)),
+        score_threshold=float(ctx.input.get("score_threshold", 0.35)),
+    )
+    return {"results": jsonable(results or [])}
+
+
+def _memory_reset(catalog: CrewCatalog, ctx: ExecutionContext,
+                  cancelled: threading.Event) -> Any:
+    crew = catalog.build(ctx.crew_id)
+    _check_not_cancelled(cancelled)
+    command_type = str(ctx.input["command_type"])
+    crew.reset_memories(command_type=command_type)
+    return {"command_type": command_type, "reset": True}
+
+
+ThreadWork = Callable[[CrewCatalog, ExecutionContext, threading.Event], Any]
+_THREAD_WORK: dict[Operation, ThreadWork] = {
+    Operation.REPLAY: _replay,
+    Operation.TRAIN: _train,
+    Operation.TEST: _test,
+    Operation.KNOWLEDGE_QUERY: _knowledge_query,
+    Operation.MEMORY_RESET: _memory_reset,
+}
+
+
+async def execute(catalog: CrewCatalog, ctx: ExecutionContext) -> Any:
+    """Run ``ctx.operation`` on a fresh crew and return its JSON-serialisable output."""
+    operation = Operation(ctx.operation)
+    set_suppress_tracing_messages(True)  # crewai's "tracing is disabled" panels on stdout
+    if ctx.crew_id not in catalog:
+        raise ExecutionError(f"unknown crew {ctx.crew_id!r}")
+    if operation is Operation.RUN:
+        return await _run(catalog, ctx)
+    if operation is Operation.BATCH_RUN:
+        return await _batch_run(catalog, ctx)
+    work = _THREAD_WORK[operation]
+    return await _in_thread(lambda cancelled: work(catalog, ctx, cancelled))

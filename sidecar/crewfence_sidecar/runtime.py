@@ -1,0 +1,435 @@
+"""Admission, execution, events and cancellation of jobs (no HTTP, no crewai import).
+
+Admission order (the heart of the product): validate -> hash -> exact repeat / 409 / 410 ->
+persist durably -> only then create the asyncio task. Everything between the lookup and the
+task creation runs without yielding to the event loop, and a per-action lock keeps it so even
+if a future change adds an ``await``: N concurrent identical admissions execute once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Container
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from crewfence_sidecar.contract import (
+    OPERATION_TRAITS,
+    ContractError,
+    EventName,
+    JobEvent,
+    JobRecord,
+    Operation,
+    StartRequest,
+    Status,
+    Tombstone,
+    request_hash,
+    validate_idempotency_key,
+    validate_operation_input,
+)
+from crewfence_sidecar.journal import Journal, JournalFull, PersistError, dumps, utc_now
+from crewfence_sidecar.metrics import SidecarMetrics
+
+log = logging.getLogger("crewfence.sidecar.runtime")
+
+
+@dataclass(frozen=True)
+class JobContext:
+    """What an executor needs; mirrors operations.ExecutionContext."""
+
+    crew_id: str
+    action_id: str
+    operation: str
+    input: dict[str, Any]
+    training_dir: Path | None
+    emit_chunk: Callable[[dict[str, Any]], Awaitable[None]]
+
+
+class Executor(Protocol):
+    def __call__(self, ctx: JobContext) -> Awaitable[Any]: ...
+
+
+class CrewSet(Container[object], Protocol):
+    def crew_ids(self) -> list[str]: ...
+
+
+@dataclass(frozen=True)
+class RuntimeSettings:
+    allowed_operations: frozenset[Operation]
+    max_concurrency: int = 4
+    training_dir: Path | None = None
+
+
+@dataclass(frozen=True)
+class Admission:
+    record: JobRecord
+    created: bool
+    """False for an exact repeat (nothing scheduled)."""
+
+
+class JournalUnavailable(Exception):
+    """Persisting the admission failed (507); nothing was kept or scheduled."""
+
+    def __init__(self, message: str, *, full: bool) -> None:
+        super().__init__(message)
+        self.full = full
+
+
+class Gone(Exception):
+    """The action was archived; the tombstone answers instead of running it again (410)."""
+
+    def __init__(self, tombstone: Tombstone) -> None:
+        super().__init__(f"action {tombstone.action_id!r} was archived")
+        self.tombstone = tombstone
+
+
+@dataclass
+class _Job:
+    task: asyncio.Task[None]
+    thread_backed: bool
+    cancel_reason: str | None = None
+    cancel_requested: bool = False
+    dropped_chunks: int = 0
+
+
+@dataclass
+class _Watch:
+    waiters: list[asyncio.Future[None]] = field(default_factory=list)
+
+
+class Runtime:
+    def __init__(self, journal: Journal, crews: CrewSet, settings: RuntimeSettings,
+                 executor: Executor, metrics: SidecarMetrics) -> None:
+        self.journal = journal
+        self.crews = crews
+        self.settings = settings
+        self.executor = executor
+        self.metrics = metrics
+        self._jobs: dict[str, _Job] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._lock_users: dict[str, int] = {}
+        self._slots = asyncio.Semaphore(settings.max_concurrency)
+        self._train_lock = asyncio.Lock()  # crewai trains relative to the process cwd
+        self._watches: dict[str, _Watch] = {}
+        self._closing = False
+        self.metrics.set_journal(len(journal.records), journal.state_bytes())
+
+    # --- admission -------------------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def _action_lock(self, action_id: str) -> AsyncIterator[None]:
+        lock = self._locks.setdefault(action_id, asyncio.Lock())
+        self._lock_users[action_id] = self._lock_users.get(action_id, 0) + 1
+        try:
+            async with lock:
+                yield
+        finally:
+            self._lock_users[action_id] -= 1
+            if self._lock_users[action_id] == 0:
+                del self._lock_users[action_id]
+                del self._locks[action_id]
+
+    async def admit(self, req: StartRequest, raw_key: str | None) -> Admission:
+        """Admit a start request; raises ContractError, Gone or JournalUnavailable."""
+        try:
+            key = validate_idempotency_key(raw_key)
+            digest = request_hash(req, key)
+        except ContractError as err:
+            self.metrics.rejection(err.code)
+            raise
+        async with self._action_lock(req.action_id):
+            existing = self.journal.get(req.action_id)
+            if existing is not None:
+                if existing.request_hash != digest:
+                    self.metrics.conflict()
+                    raise ContractError(409, "request_conflict",
+                                        "this action id was admitted with a different request")
+                self.metrics.exact_repeat()
+                return Admission(existing, created=False)
+            stone = self.journal.tombstone(req.action_id)
+            if stone is not None:
+                if stone.request_hash != digest:
+                    self.metrics.conflict()
+                    raise ContractError(409, "request_conflict",
+                                        "this archived action id had a different request")
+                self.metrics.rejection("archived")
+                raise Gone(stone)
+            try:
+                self._check_admissible(req)
+            except ContractError as err:
+                self.metrics.rejection(err.code)
+                raise
+            record = self._persist_admission(req, digest)
+            self._start(record, req)
+            self.metrics.admission(req.operation.value)
+            log.info("admitted", extra={"action_id": req.action_id, "crew_id": req.crew_id,
+                                        "operation": req.operation.value})
+            return Admission(record, created=True)
+
+    def _check_admissible(self, req: StartRequest) -> None:
+        if self._closing:
+            raise ContractError(503, "shutting_down", "the sidecar is shutting down")
+        if req.crew_id not in self.crews:
+            raise ContractError(404, "unknown_crew", "no crew with this crew_id is hosted here")
+        if req.operation not in self.settings.allowed_operations:
+            raise ContractError(403, "operation_not_enabled",
+                                f"operation {req.operation.value} is not enabled")
+        validate_operation_input(req.operation, req.input)
+
+    def _persist_admission(self, req: StartRequest, digest: str) -> JobRecord:
+        now = utc_now()
+        record = JobRecord(action_id=req.action_id, crew_id=req.crew_id,
+                           operation=req.operation.value, request_hash=digest,
+                           status=Status.RUNNING, event_count=0, created_at=now,
+                           updated_at=now)
+        started = {"operation": req.operation.value,
+                   "timeout_ms": req.effective_timeout_ms}
+        try:
+            with self.metrics.persist_timer():
+                self.journal.admit(record, started)
+        except JournalFull as exc:
+            self.metrics.rejection("journal_full")
+            log.warning("journal full", extra={"action_id": req.action_id,
+                                               "crew_id": req.crew_id})
+            raise JournalUnavailable(str(exc), full=True) from None
+        except PersistError as exc:
+            self.metrics.rejection("persist_failed")
+            log.error("journal persist failed: %s", type(exc.__cause__).__name__,
+                      extra={"action_id": req.action_id, "crew_id": req.crew_id})
+            raise JournalUnavailable("the journal could not persist the admission",
+                                     full=False) from None
+        self._refresh_journal_metrics()
+        return record
+
+    def _start(self, record: JobRecord, req: StartRequest) -> None:
+        traits = OPERATION_TRAITS[req.operation]
+        task = asyncio.create_task(self._job(record, req), name=f"job:{record.action_id}")
+        self._jobs[record.action_id] = _Job(task=task, thread_backed=traits.thread_backed)
+        self._notify(record.action_id)
+
+    # --- execution -------------------------------------------------------------------------
+    async def _execute(self, req: StartRequest) -> Any:
+        async def emit_chunk(data: dict[str, Any]) -> None:
+            self._append_chunk(req.action_id, data)
+
+        ctx = JobContext(crew_id=req.crew_id, action_id=req.action_id,
+                         operation=req.operation.value, input=req.input,
+                         training_dir=self.settings.training_dir, emit_chunk=emit_chunk)
+        async with self._slots:
+            self.metrics.active_runs.inc()
+            try:
+                if req.operation is Operation.TRAIN:
+                    async with self._train_lock:
+                        return await self.executor(ctx)
+                return await self.executor(ctx)
+            finally:
+                self.metrics.active_runs.dec()
+
+    async def _job(self, record: JobRecord, req: StartRequest) -> None:
+        action_id = record.action_id
+        job = self._jobs[action_id]
+        timeout_s = req.effective_timeout_ms / 1000
+        try:
+            output = await asyncio.wait_for(self._execute(req), timeout_s)
+        except asyncio.CancelledError:
+            if job.cancel_requested:
+                self._finish(action_id, Status.CANCELLED, None,
+                             {"code": "cancelled", "message": "cancelled on request",
+                              **({"reason": job.cancel_reason} if job.cancel_reason else {})},
+                             uncertain=job.thread_backed)
+                return
+            # not our cancel route: the server is stopping; the outcome is unknown
+            self._finish(action_id, Status.FAILED, None,
+                         {"code": "sidecar_stopped",
+                          "message": "the sidecar stopped while this job was running"},
+                         uncertain=True)
+            raise
+        except TimeoutError:
+            self._finish(action_id, Status.FAILED, None,
+                         {"code": "timeout",
+                          "message": f"the job exceeded timeout_ms={req.effective_timeout_ms}"},
+                         uncertain=job.thread_backed)
+        except Exception as exc:
+            # The exception class only: messages can carry inputs or provider details.
+            self._finish(action_id, Status.FAILED, None,
+                         {"code": "execution_error", "exception": type(exc).__name__,
+                          "message": f"the operation raised {type(exc).__name__}"},
+                         uncertain=False)
+            log.warning("job failed: %s", type(exc).__name__,
+                        extra={"action_id": action_id, "crew_id": record.crew_id})
+        else:
+            try:
+                dumps(output)
+            except (TypeError, ValueError):
+                self._finish(action_id, Status.FAILED, None,
+                             {"code": "output_not_serialisable",
+                              "message": "the operation returned output that is not JSON"},
+                             uncertain=False)
+            else:
+                self._finish(action_id, Status.COMPLETED, output, None, uncertain=False)
+        finally:
+            self._jobs.pop(action_id, None)
+
+    def _append_chunk(self, action_id: str, data: dict[str, Any]) -> None:
+        job = self._jobs.get(action_id)
+        record = self.journal.get(action_id)
+        if job is None or record is None or record.terminal:
+            return
+        try:
+            self.journal.append_event(action_id, EventName.CHUNK.value, data)
+        except (JournalFull, PersistError, TypeError, ValueError):
+            job.dropped_chunks += 1  # chunks are best effort; the terminal event is not
+            return
+        self._notify(action_id)
+
+    def _finish(self, action_id: str, status: Status, output: Any,
+                error: dict[str, Any] | None, *, uncertain: bool) -> None:
+        record = self.journal.get(action_id)
+        if record is None or record.terminal:
+            return
+        job = self._jobs.get(action_id)
+        event_data: dict[str, Any] = {}
+        if status is Status.COMPLETED:
+            event_data["output"] = output
+        if error is not None:
+            event_data["error"] = error
+        if job is not None and job.dropped_chunks:
+            event_data["dropped_chunks"] = job.dropped_chunks
+        try:
+            with self.metrics.persist_timer():
+                self.journal.finish(action_id, status, output=output, error=error,
+                                    uncertain=uncertain, event_data=event_data)
+        except PersistError as exc:
+            # Keep answering truthfully from memory; after a restart the journal still says
+            # running, which restore turns into failed + uncertain.
+            log.error("terminal state not persisted: %s", type(exc.__cause__).__name__,
+                      extra={"action_id": action_id, "crew_id": record.crew_id})
+            record.status = status
+            record.output = output
+            record.error = error
+            record.uncertain_outcome = True
+            record.updated_at = utc_now()
+        self.metrics.finished(record.operation, record.status.value)
+        self._refresh_journal_metrics()
+        log.info("finished", extra={"action_id": action_id, "crew_id": record.crew_id,
+                                    "status": record.status.value,
+                                    "uncertain_outcome": record.uncertain_outcome})
+        self._notify(action_id)
+
+    # --- cancellation ----------------------------------------------------------------------
+    async def cancel(self, crew_id: str, action_id: str, reason: str | None) -> JobRecord:
+        record = self.journal.get(action_id)
+        if record is None or record.crew_id != crew_id:
+            stone = self.journal.tombstone(action_id)
+            if stone is not None and stone.crew_id == crew_id:
+                raise Gone(stone)
+            raise ContractError(404, "unknown_job", "no such job for this crew")
+        job = self._jobs.get(action_id)
+        if record.terminal or job is None:
+            return record  # terminal records are unchanged
+        job.cancel_requested = True
+        job.cancel_reason = reason
+        job.task.cancel()
+        # Wait for the task to record `cancelled` (its waiter on a thread returns at once).
+        await asyncio.wait({job.task})
+        self._settle(action_id, job)
+        log.info("cancelled", extra={"action_id": action_id, "crew_id": crew_id})
+        return record
+
+    # --- observation -----------------------------------------------------------------------
+    def _notify(self, action_id: str) -> None:
+        watch = self._watches.pop(action_id, None)
+        if watch is None:
+            return
+        for fut in watch.waiters:
+            if not fut.done():
+                fut.set_result(None)
+
+    async def wait_change(self, action_id: str, timeout: float | None = None) -> None:  # noqa: ASYNC109
+        """Wait until the action gets a new event (or the timeout passes)."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._watches.setdefault(action_id, _Watch()).waiters.append(fut)
+        try:
+            await asyncio.wait_for(fut, timeout)
+        except TimeoutError:
+            pass
+        finally:
+            watch = self._watches.get(action_id)
+            if watch is not None and fut in watch.waiters:
+                watch.waiters.remove(fut)
+                if not watch.waiters:
+                    del self._watches[action_id]
+
+    async def wait_terminal(self, action_id: str, timeout: float) -> bool:  # noqa: ASYNC109
+        """True when the record is terminal within ``timeout`` seconds."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            record = self.journal.get(action_id)
+            if record is None or record.terminal:
+                return True
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            await self.wait_change(action_id, remaining)
+
+    def events(self, action_id: str, cursor: int, limit: int) -> list[JobEvent]:
+        return self.journal.events(action_id, cursor, limit)
+
+    # --- archive ---------------------------------------------------------------------------
+    def archive(self, action_id: str) -> Tombstone:
+        record = self.journal.get(action_id)
+        if record is None:
+            stone = self.journal.tombstone(action_id)
+            if stone is not None:
+                raise Gone(stone)
+            raise ContractError(404, "unknown_job", "no such job")
+        if not record.terminal:
+            raise ContractError(409, "job_running", "only terminal records can be archived; "
+                                "cancel the job first")
+        try:
+            stone = self.journal.archive(action_id)
+        except PersistError:
+            raise JournalUnavailable("the journal could not persist the archive",
+                                     full=False) from None
+        self._refresh_journal_metrics()
+        log.info("archived", extra={"action_id": action_id, "crew_id": record.crew_id})
+        return stone
+
+    # --- lifecycle -------------------------------------------------------------------------
+    @property
+    def active_runs(self) -> int:
+        return len(self._jobs)
+
+    def _refresh_journal_metrics(self) -> None:
+        self.metrics.set_journal(len(self.journal.records), self.journal.state_bytes())
+
+    async def close(self) -> None:
+        """Stop: running jobs end as failed + uncertain (as a restart would record them)."""
+        self._closing = True
+        jobs = dict(self._jobs)
+        for job in jobs.values():
+            job.task.cancel()
+        if jobs:
+            await asyncio.wait([job.task for job in jobs.values()])
+        for action_id, job in jobs.items():
+            self._settle(action_id, job)
+
+    def _settle(self, action_id: str, job: _Job) -> None:
+        """A task cancelled before its first step never ran its handlers: record it here."""
+        self._jobs.pop(action_id, None)
+        record = self.journal.get(action_id)
+        if record is None or record.terminal:
+            return
+        if job.cancel_requested:
+            self._finish(action_id, Status.CANCELLED, None,
+                         {"code": "cancelled", "message": "cancelled on request",
+                          **({"reason": job.cancel_reason} if job.cancel_reason else {})},
+                         uncertain=False)
+        else:
+            self._finish(action_id, Status.FAILED, None,
+                         {"code": "sidecar_stopped",
+                          "message": "the sidecar stopped while this job was running"},
+                         uncertain=True)

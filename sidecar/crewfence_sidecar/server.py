@@ -1,0 +1,175 @@
+"""Assemble and run one sidecar: fence -> journal restore -> crews -> bind -> serve."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from crewfence_sidecar.config import SidecarConfig
+from crewfence_sidecar.fencing import JournalLock, fence_journal
+from crewfence_sidecar.http_api import ApiSettings, build_app, default_operations
+from crewfence_sidecar.journal import Journal, JournalLimits
+from crewfence_sidecar.metrics import SidecarMetrics
+from crewfence_sidecar.runtime import CrewSet, Executor, JobContext, Runtime, RuntimeSettings
+
+log = logging.getLogger("crewfence.sidecar.server")
+
+CREWAI_ENV = {
+    "CREWAI_DISABLE_TELEMETRY": "true",
+    "CREWAI_TRACING_ENABLED": "false",
+    "OTEL_SDK_DISABLED": "true",
+    "CREWAI_DISABLE_TRACKING": "true",
+}
+
+
+class StartupError(Exception):
+    """Start-up refused; the message is the one line printed on stderr."""
+
+
+def prepare_process_environment(config: SidecarConfig) -> None:
+    """Must run before crewai is imported: telemetry off, storage and cwd in our places."""
+    for key, value in CREWAI_ENV.items():
+        os.environ[key] = value
+    if config.state_file is not None and "CREWAI_STORAGE_DIR" not in os.environ:
+        # Absolute: crewai joins it under its app-data dir, which an absolute path replaces.
+        os.environ["CREWAI_STORAGE_DIR"] = str(config.state_file.parent / "crewai")
+    if config.training_dir is not None:
+        os.chdir(config.training_dir)  # crewai writes training files relative to cwd
+
+
+def journal_limits(config: SidecarConfig) -> JournalLimits:
+    return JournalLimits(max_retained_runs=config.max_retained_runs,
+                         max_events_per_run=config.max_events_per_run,
+                         max_event_bytes=config.max_event_bytes,
+                         max_state_bytes=config.max_state_bytes)
+
+
+@dataclass
+class OpenedJournal:
+    journal: Journal
+    lock: JournalLock | None
+
+    def close(self) -> None:
+        self.journal.close()
+        if self.lock is not None:
+            self.lock.release()
+
+
+def open_journal(config: SidecarConfig) -> OpenedJournal:
+    """File rules, flock, restore; raises FencingError / JournalError."""
+    from crewfence_sidecar.fencing import FencingError
+    from crewfence_sidecar.journal import JournalError
+
+    if config.state_file is None:
+        return OpenedJournal(Journal.open(None, journal_limits(config)), None)
+    lock, _ = fence_journal(config.state_file)
+    try:
+        journal = Journal.open(config.state_file, journal_limits(config))
+    except (JournalError, FencingError):
+        lock.release()
+        raise
+    return OpenedJournal(journal, lock)
+
+
+def load_catalog(config: SidecarConfig) -> Any:
+    """Import crewai (slow) and load the crews; raises StartupError."""
+    from crewfence_sidecar.crews import CatalogError, CrewCatalog
+
+    try:
+        return CrewCatalog.load(config.registry, config.crews_file)
+    except CatalogError as exc:
+        raise StartupError(f"crews: {exc}") from None
+
+
+def crewai_executor(catalog: Any) -> Executor:
+    from crewfence_sidecar import operations
+
+    async def execute(ctx: JobContext) -> Any:
+        return await operations.execute(catalog, operations.ExecutionContext(
+            crew_id=ctx.crew_id, action_id=ctx.action_id, operation=ctx.operation,
+            input=ctx.input, training_dir=ctx.training_dir, emit_chunk=ctx.emit_chunk))
+
+    return execute
+
+
+@dataclass
+class Sidecar:
+    """A running sidecar (used by the CLI and by in-process tests)."""
+
+    config: SidecarConfig
+    opened: OpenedJournal
+    runtime: Runtime
+    app: web.Application
+    runner: web.AppRunner | None = None
+    bound: list[tuple[str, int]] = field(default_factory=list)
+
+    async def start(self) -> None:
+        self.runner = web.AppRunner(self.app, access_log=None, handle_signals=False,
+                                    shutdown_timeout=5.0)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, self.config.host, self.config.port, backlog=512)
+        try:
+            await site.start()
+        except OSError as exc:
+            await self.runner.cleanup()
+            raise StartupError(f"cannot bind {self.config.host}:{self.config.port}: "
+                               f"{exc.strerror}") from None
+        for sock_info in self.runner.addresses:
+            host, port = sock_info[0], sock_info[1]
+            self.bound.append((host, port))
+
+    async def stop(self) -> None:
+        await self.runtime.close()
+        if self.runner is not None:
+            await self.runner.cleanup()
+        self.opened.close()
+
+
+def build_sidecar(config: SidecarConfig, crews: CrewSet, executor: Executor,
+                  opened: OpenedJournal) -> Sidecar:
+    metrics = SidecarMetrics()
+    runtime = Runtime(opened.journal, crews,
+                      RuntimeSettings(allowed_operations=config.allowed_operations,
+                                      max_concurrency=config.max_concurrency,
+                                      training_dir=config.training_dir),
+                      executor, metrics)
+    app = build_app(runtime, ApiSettings(
+        token=config.token, crew_ids=tuple(crews.crew_ids()),
+        operations=default_operations(config.allowed_operations),
+        durable_journal=config.state_file is not None,
+        max_retained_runs=config.max_retained_runs, max_state_bytes=config.max_state_bytes))
+    return Sidecar(config=config, opened=opened, runtime=runtime, app=app)
+
+
+async def serve(config: SidecarConfig, catalog: Any, opened: OpenedJournal) -> None:
+    sidecar = build_sidecar(config, catalog, crewai_executor(catalog), opened)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await sidecar.start()
+    report = opened.journal.restore_report
+    for host, port in sidecar.bound:
+        log.info("listening", extra={"host": host, "port": port,
+                                     "journal_id": opened.journal.journal_id,
+                                     "records": report.records,
+                                     "recovered": len(report.recovered_running),
+                                     "seconds": round(report.seconds, 4)})
+    try:
+        await stop.wait()
+    finally:
+        log.info("stopping")
+        with contextlib.suppress(Exception):
+            await sidecar.stop()
+
+
+def state_dir_of(config: SidecarConfig) -> Path | None:
+    return config.state_file.parent if config.state_file else None

@@ -1,0 +1,119 @@
+"""CrewCatalog: registry and crews file, a fresh crew per build, clear catalog errors."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+from crewai import Crew
+
+from crewfence_sidecar.crews import CatalogError, CrewCatalog
+
+CREW_MODULE = """
+from crewai import Agent, Crew, Task
+from crewfence_sidecar.offline_llm import OfflineLLM
+
+def _crew():
+    agent = Agent(role="R", goal="G", backstory="B", llm=OfflineLLM())
+    return Crew(agents=[agent], tasks=[Task(description="d", expected_output="x", agent=agent)])
+
+INSTANCE = _crew()
+CREWS = {"instance": INSTANCE, "shared": lambda: INSTANCE, "bad": lambda: "not a crew"}
+NOT_A_MAPPING = [1, 2]
+BAD_VALUE = {"x": 42}
+BAD_ID = {"": _crew}
+"""
+
+
+@pytest.fixture
+def crew_module(importable: Callable[[str, str], str], request: pytest.FixtureRequest) -> str:
+    return importable(f"cf_reg_{request.node.name.replace('[', '_').replace(']', '_')}",
+                      CREW_MODULE)
+
+
+def test_registry_catalog_builds_fresh_crews(sample_catalog: CrewCatalog) -> None:
+    assert sample_catalog.crew_ids() == ["knowledge", "research", "single"]
+    assert "research" in sample_catalog and "nope" not in sample_catalog
+    first, second = sample_catalog.build("research"), sample_catalog.build("research")
+    assert isinstance(first, Crew) and first is not second
+    assert {t.id for t in first.tasks}.isdisjoint({t.id for t in second.tasks})
+
+
+def test_crew_instances_are_cloned_per_build(crew_module: str) -> None:
+    catalog = CrewCatalog.load(f"{crew_module}:CREWS", None)
+    module = __import__(crew_module)
+    built = [catalog.build("instance") for _ in range(2)]
+    assert all(crew is not module.INSTANCE for crew in built)
+    assert built[0] is not built[1]
+    assert built[0].tasks[0].id != built[1].tasks[0].id
+
+
+def test_a_factory_returning_a_shared_crew_still_gives_fresh_ones(crew_module: str) -> None:
+    catalog = CrewCatalog.load(f"{crew_module}:CREWS", None)
+    built = [catalog.build("shared") for _ in range(3)]
+    assert len({id(crew) for crew in built}) == 3
+
+
+def test_a_factory_returning_no_crew_is_refused(crew_module: str) -> None:
+    catalog = CrewCatalog.load(f"{crew_module}:CREWS", None)
+    with pytest.raises(CatalogError, match="factory of crew 'bad' returned str"):
+        catalog.build("bad")
+
+
+def test_registry_and_file_combine(crews_file: Path) -> None:
+    catalog = CrewCatalog.load("crewfence_sidecar.samples:SAMPLE_CREWS", None)
+    other = crews_file.parent / "unused"  # the fixture file defines 'research' too
+    assert not other.exists()
+    with pytest.raises(CatalogError, match="'research' defined both"):
+        CrewCatalog.load("crewfence_sidecar.samples:SAMPLE_CREWS", crews_file)
+    assert "single" in catalog
+
+
+def test_file_catalog(file_catalog: CrewCatalog) -> None:
+    assert file_catalog.crew_ids() == ["manager", "research"]
+    assert file_catalog.build("manager") is not file_catalog.build("manager")
+
+
+@pytest.mark.parametrize(
+    ("attribute", "expected"),
+    [
+        ("NOT_A_MAPPING", "must be a mapping crew_id -> factory, not list"),
+        ("BAD_VALUE", "crew 'x' must be a zero-argument factory or a crewai.Crew, not int"),
+        ("BAD_ID", "crew id '' must be a string of 1..256 characters"),
+        ("MISSING", "has no attribute 'MISSING'"),
+    ],
+)
+def test_bad_registry_values(crew_module: str, attribute: str, expected: str) -> None:
+    with pytest.raises(CatalogError, match=expected):
+        CrewCatalog.load(f"{crew_module}:{attribute}", None)
+
+
+@pytest.mark.parametrize(
+    ("registry", "expected"),
+    [
+        ("no_colon_here", "must have the form module:attribute"),
+        (":ATTR", "must have the form module:attribute"),
+        ("cf_no_such_module_xyz:CREWS", "cannot import module 'cf_no_such_module_xyz'"),
+    ],
+)
+def test_bad_registry_strings(registry: str, expected: str) -> None:
+    with pytest.raises(CatalogError, match=expected):
+        CrewCatalog.load(registry, None)
+
+
+def test_no_crews_at_all(tmp_path: Path) -> None:
+    with pytest.raises(CatalogError, match="no crews"):
+        CrewCatalog.load(None, None)
+    empty = tmp_path / "crews.yaml"
+    empty.write_text(yaml.safe_dump({"crews": {}}), encoding="utf-8")
+    with pytest.raises(CatalogError, match="no crews"):
+        CrewCatalog.load(None, empty)
+
+
+def test_a_bad_crews_file_is_a_catalog_error(tmp_path: Path) -> None:
+    bad = tmp_path / "crews.yaml"
+    bad.write_text(yaml.safe_dump({"crews": {"c": {"agents": {}}}}), encoding="utf-8")
+    with pytest.raises(CatalogError, match="crew 'c': agents must define at least one agent"):
+        CrewCatalog.load(None, bad)

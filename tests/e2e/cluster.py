@@ -1,0 +1,65 @@
+#!/usr/bin/env python3
+"""The local Kubernetes control plane for e2e tests and the demo.
+
+    python tests/e2e/cluster.py bin                   # build or find binaries; prints KUBE_BIN=
+    python tests/e2e/cluster.py up [--with-operator]  # start in the background; prints
+                                                      # KUBECONFIG= and KUBE_BIN=, then returns
+    python tests/e2e/cluster.py down                  # stop everything `up` started
+
+State (certificates, etcd data, logs, pidfiles) lives in .e2e/cluster/ of the repository
+unless --state-dir says otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from harness import build, controlplane
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("bin", help="build (or find cached) etcd, kube-apiserver, kubectl, helm")
+    up = sub.add_parser("up", help="start the control plane in the background")
+    up.add_argument(
+        "--with-operator", action="store_true", help="also install CRDs, start operator"
+    )
+    up.add_argument("--no-controller-manager", action="store_true")
+    down = sub.add_parser("down", help="stop everything `up` started")
+    for p in (up, down):
+        p.add_argument("--state-dir", type=Path, default=controlplane.DEFAULT_STATE_DIR)
+    args = parser.parse_args(argv)
+
+    if args.command == "down":
+        stopped = controlplane.down(args.state_dir)
+        print(f"stopped: {', '.join(stopped) or 'nothing was running'}")
+        return 0
+    try:
+        kube_bin = build.ensure_binaries()
+    except build.BuildError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if args.command == "bin":
+        print(f"KUBE_BIN={kube_bin}")
+        return 0
+    try:
+        info = controlplane.up(
+            args.state_dir,
+            kube_bin,
+            with_operator=args.with_operator,
+            controller_manager=not args.no_controller_manager,
+        )
+    except (RuntimeError, TimeoutError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(info.env_lines)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,152 @@
+"""Fixtures for the e2e tests: a real kube-apiserver + etcd, the pod runner, the operator.
+
+- `cluster` (session): a `harness.handles.Cluster` with `kubeconfig`, `kube_bin`, `api_url`,
+  `kubectl(*args, input=None, as_sa=None)`, `get_json`, `apply`, `env()`.
+- `pod_runner` (session): `harness.handles.PodRunner` (`kill`, `pid`, `logs`, `claim_dir`).
+- `operator_process`: a running `crewfence-operator` (admin credentials); `operator_factory`
+  starts one with other settings, e.g. `service_account="crewfence-system:crewfence-operator"`
+  to run it with that ServiceAccount's real token so RBAC is exercised.
+- `namespace`: a fresh namespace per test, deleted afterwards.
+
+Binaries missing: the tests skip with the reason locally and FAIL when `CI` is set. Set
+CREWFENCE_E2E_BUILD=1 to build them from a test run; CREWFENCE_E2E_STATE_DIR=<dir> reuses a
+cluster started with `python tests/e2e/cluster.py up --state-dir <dir>` (left running).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from harness import build, controlplane, procs
+from harness.handles import Cluster, Operator, PodRunner
+from harness.operator_launch import OperatorLaunch
+
+E2E_ROOT = Path(__file__).resolve().parent
+KEEP_STATE_DIRS = 3
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if E2E_ROOT in Path(str(item.path)).parents:
+            item.add_marker(pytest.mark.e2e)
+
+
+def _binaries() -> Path:
+    cached = build.cached_bin_dir()
+    if cached is not None:
+        return cached
+    if os.environ.get("CI") or os.environ.get("CREWFENCE_E2E_BUILD"):
+        try:
+            return build.ensure_binaries()
+        except build.BuildError as exc:
+            pytest.fail(f"control-plane binaries could not be built: {exc}", pytrace=False)
+    pytest.skip(
+        "control-plane binaries are not built (run `python tests/e2e/cluster.py bin`, "
+        "or set CREWFENCE_E2E_BUILD=1); in CI this is a failure"
+    )
+
+
+def _prune_old_state_dirs(root: Path) -> None:
+    """Keep the newest few stopped runs (their logs explain failures), drop older ones."""
+    runs = sorted(root.glob("pytest-*"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in runs[KEEP_STATE_DIRS:]:
+        if not controlplane.running_records(old):
+            shutil.rmtree(old, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    reuse = os.environ.get("CREWFENCE_E2E_STATE_DIR")
+    if reuse:
+        info = controlplane.load(Path(reuse))
+        if info is None or not controlplane.is_running(Path(reuse)):
+            pytest.fail(f"CREWFENCE_E2E_STATE_DIR={reuse} names no running cluster", pytrace=False)
+        yield Cluster(info)
+        return
+    kube_bin = _binaries()
+    root = controlplane.REPO / ".e2e"
+    root.mkdir(exist_ok=True)
+    _prune_old_state_dirs(root)
+    state_dir = root / f"pytest-{os.getpid()}"
+    info = controlplane.up(state_dir, kube_bin, pod_runner=True)
+    print(f"\ne2e cluster: {info.env_lines} (state and logs in {state_dir})")
+    try:
+        yield Cluster(info)
+    finally:
+        controlplane.down(state_dir)
+        left = controlplane.running_records(state_dir)
+        assert not left, f"processes outlived `down`: {left}"
+
+
+@pytest.fixture(scope="session")
+def pod_runner(cluster: Cluster) -> PodRunner:
+    rec = procs.read_pidfile(cluster.state_dir / "pids" / "pod-runner.pid")
+    if rec is None or not procs.alive(rec):
+        controlplane.start_pod_runner(cluster.info)
+    return PodRunner(cluster)
+
+
+@pytest.fixture(scope="session")
+def _operators(cluster: Cluster, pod_runner: PodRunner) -> Iterator[list[Operator]]:
+    started: list[Operator] = []
+    yield started
+    for op in started:
+        op.stop()
+
+
+@pytest.fixture
+def operator_factory(cluster: Cluster, _operators: list[Operator]) -> Callable[..., Operator]:
+    """start(service_account=None, **OperatorLaunch fields) -> Operator; one at a time."""
+
+    def start(service_account: str | None = None, **launch_fields: Any) -> Operator:
+        for op in _operators:
+            op.stop()
+        _operators.clear()
+        controlplane.install_crds(cluster.info)
+        kubeconfig = str(cluster.kubeconfig)
+        if service_account is not None:
+            ns, _, name = service_account.replace("/", ":").partition(":")
+            path = cluster.state_dir / f"operator-{ns}-{name}.kubeconfig"
+            kubeconfig = str(cluster.service_account_kubeconfig(ns, name, path))
+        launch = OperatorLaunch.for_cluster(kubeconfig, cluster.state_dir, **launch_fields)
+        op = Operator(cluster, launch, service_account)
+        _operators.append(op)
+        op.start()
+        return op
+
+    return start
+
+
+@pytest.fixture
+def operator_process(
+    operator_factory: Callable[..., Operator], _operators: list[Operator]
+) -> Operator:
+    """The shared operator (admin credentials), restarted if an earlier test stopped it."""
+    current = _operators[0] if _operators else None
+    if current is not None and current.service_account is None and current.alive():
+        return current
+    return operator_factory()
+
+
+@pytest.fixture
+def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    slug = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
+    name = f"e2e-{slug}-{uuid.uuid4().hex[:6]}"
+    cluster.kubectl("create", "namespace", name, check=True)
+    controlplane.ensure_default_service_account(cluster.info, name)
+    yield name
+    if not cluster.info.controller_manager:
+        # Nobody runs the namespace controller: stop the pods ourselves.
+        cluster.kubectl("delete", "pods", "--all", "-n", name, "--wait=false")
+    cluster.kubectl("delete", "namespace", name, "--wait=false")

@@ -1,0 +1,1 @@
+"""Helpers of the e2e control-plane harness (tests only; imported by cluster.py and conftest)."""

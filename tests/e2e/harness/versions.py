@@ -1,0 +1,31 @@
+"""Pinned versions of the control-plane binaries and where they are cached."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+KUBERNETES_VERSION = "v1.36.3"
+# Published staging modules (k8s.io/api, ...) carry the same release as v0.Y.Z.
+STAGING_VERSION = "v0.36.3"
+# The etcd release that k8s.io/kubernetes v1.36.3 itself requires (see its go.mod).
+ETCD_VERSION = "v3.6.8"
+HELM_VERSION = "v3.22.0"
+
+KUBEBUILD_DIR = Path(__file__).resolve().parent.parent / "kubebuild"
+REQUIRED_BINARIES = ("etcd", "kube-apiserver", "kubectl", "helm")
+OPTIONAL_BINARIES = ("kube-controller-manager",)
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    key = f"{KUBERNETES_VERSION}-{ETCD_VERSION}-{HELM_VERSION}"
+    return Path(base) / "crewfence" / "kube" / key
+
+
+def bin_dir() -> Path:
+    return cache_dir() / "bin"
+
+
+def stamp_file() -> Path:
+    return cache_dir() / "complete.stamp"

@@ -1,0 +1,42 @@
+from __future__ import annotations
+
+from crewfence_operator.assignment import choose_ordinal, rank_ordinals, rendezvous_score
+
+
+def test_same_inputs_same_owner_regardless_of_order() -> None:
+    for i in range(200):
+        action = f"team-a/job-{i}"
+        assert choose_ordinal(action, [0, 1, 2]) == choose_ordinal(action, [2, 0, 1, 1])
+
+
+def test_known_values_are_pinned() -> None:
+    # Changing the hash would move every in-flight Action on an operator upgrade.
+    assert rendezvous_score("team-a/job", 0) == 6502545961626614458
+    assert [choose_ordinal(f"ns/j{i}", [0, 1, 2]) for i in range(12)] == [
+        0, 0, 2, 0, 2, 1, 2, 0, 2, 1, 1, 2]
+
+
+def test_removing_a_replica_moves_only_its_actions() -> None:
+    actions = [f"ns/job-{i}" for i in range(500)]
+    before = {a: choose_ordinal(a, [0, 1, 2]) for a in actions}
+    after = {a: choose_ordinal(a, [0, 2]) for a in actions}
+    moved = [a for a in actions if before[a] != after[a]]
+    assert moved, "some actions lived on replica 1"
+    assert all(before[a] == 1 for a in moved)
+
+
+def test_spreads_over_replicas() -> None:
+    owners = [choose_ordinal(f"ns/job-{i}", [0, 1]) for i in range(1000)]
+    share = owners.count(0) / len(owners)
+    assert 0.4 < share < 0.6
+
+
+def test_no_eligible_replica() -> None:
+    assert choose_ordinal("ns/x", []) is None
+    assert rank_ordinals("ns/x", []) == []
+
+
+def test_rank_has_every_ordinal_once() -> None:
+    ranked = rank_ordinals("ns/x", [3, 1, 2, 1])
+    assert sorted(ranked) == [1, 2, 3]
+    assert ranked[0] == choose_ordinal("ns/x", [1, 2, 3])

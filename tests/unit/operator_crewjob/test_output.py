@@ -1,0 +1,61 @@
+from __future__ import annotations
+
+import hashlib
+import json
+
+from crewfence_operator.crewjob.output import (
+    CONFIGMAP_VALUE_MAX_BYTES,
+    STATUS_VALUE_MAX_BYTES,
+    bound_output,
+    configmap_name,
+    output_text,
+    truncate_utf8,
+)
+
+
+def test_none_means_no_output() -> None:
+    assert bound_output(None) is None
+
+
+def test_small_output_is_complete_everywhere() -> None:
+    out = bound_output({"raw": "hi", "tasks": [{"id": "t1"}]})
+    assert out is not None
+    text = output_text({"raw": "hi", "tasks": [{"id": "t1"}]})
+    assert json.loads(text) == {"raw": "hi", "tasks": [{"id": "t1"}]}
+    assert out.status_value == out.configmap_value == text
+    assert not out.status_truncated and not out.configmap_truncated
+    assert out.sha256 == hashlib.sha256(text.encode()).hexdigest()
+    assert out.size == len(text.encode())
+
+
+def test_large_output_is_bounded_and_flagged() -> None:
+    big = "é" * (STATUS_VALUE_MAX_BYTES)  # 2 bytes each: twice the status bound
+    out = bound_output(big)
+    assert out is not None
+    assert out.status_truncated and not out.configmap_truncated
+    assert len(out.status_value.encode()) <= STATUS_VALUE_MAX_BYTES
+    assert out.configmap_value == big
+    assert out.size == 2 * STATUS_VALUE_MAX_BYTES
+
+
+def test_over_one_mib_is_truncated_in_the_configmap_too() -> None:
+    huge = "x" * (CONFIGMAP_VALUE_MAX_BYTES + 10)
+    out = bound_output(huge)
+    assert out is not None and out.configmap_truncated
+    assert len(out.configmap_value.encode()) == CONFIGMAP_VALUE_MAX_BYTES
+    assert out.sha256 == hashlib.sha256(huge.encode()).hexdigest()  # of the full output
+    fields = out.status_fields("job-output")
+    assert fields["configMap"] == {"name": "job-output", "key": "output", "truncated": True}
+
+
+def test_truncation_never_splits_a_character() -> None:
+    text, cut = truncate_utf8("a€b", 2)
+    assert (text, cut) == ("a", True)
+
+
+def test_configmap_name_fits() -> None:
+    assert configmap_name("job") == "job-output"
+    long = "a" * 253
+    name = configmap_name(long)
+    assert len(name) <= 253 and name.endswith("-output")
+    assert name != configmap_name("a" * 252 + "b")

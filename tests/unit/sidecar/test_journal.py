@@ -1,0 +1,200 @@
+"""Journal: durable rows, restore checks, restart fencing of running records, tombstones."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from crewfence_sidecar.contract import JobRecord, Status
+from crewfence_sidecar.fencing import fence_journal
+from crewfence_sidecar.journal import Journal, JournalError, JournalFull, JournalLimits, utc_now
+
+
+def _record(action_id: str) -> JobRecord:
+    now = utc_now()
+    return JobRecord(action_id=action_id, crew_id="c", operation="run", request_hash="h" * 64,
+                     status=Status.RUNNING, event_count=0, created_at=now, updated_at=now)
+
+
+@pytest.fixture
+def jpath(tmp_path: Path) -> Path:
+    d = tmp_path / "state"
+    d.mkdir(mode=0o700)
+    return d / "journal.db"
+
+
+def _open(path: Path, **limits: int) -> Journal:
+    return Journal.open(path, JournalLimits(**limits))
+
+
+def test_new_journal_is_0600_with_a_stable_id_and_no_shm(jpath: Path) -> None:
+    j = _open(jpath)
+    jid = j.journal_id
+    j.admit(_record("a"), {"x": 1})
+    assert oct(jpath.stat().st_mode & 0o777) == "0o600"
+    assert not jpath.with_name(jpath.name + "-shm").exists()
+    j.close()
+    j2 = _open(jpath)
+    assert j2.journal_id == jid
+    j2.close()
+
+
+def test_restored_running_becomes_failed_and_uncertain(jpath: Path) -> None:
+    j = _open(jpath)
+    j.admit(_record("run1"), {})
+    j.append_event("run1", "chunk", {"content": "x"})
+    j.admit(_record("done"), {})
+    j.finish("done", Status.COMPLETED, output={"raw": "r"}, error=None, uncertain=False,
+             event_data={"output": {"raw": "r"}})
+    j.close()  # like a crash: nothing marks run1 terminal
+
+    j2 = _open(jpath)
+    rec = j2.get("run1")
+    assert rec is not None and rec.status is Status.FAILED and rec.uncertain_outcome
+    events = j2.events("run1")
+    assert [e.sequence for e in events] == [0, 1, 2]
+    assert events[-1].event == "failed" and events[-1].data["uncertain_outcome"] is True
+    done = j2.get("done")
+    assert done is not None and done.status is Status.COMPLETED and not done.uncertain_outcome
+    assert j2.restore_report.recovered_running == ["run1"]
+    j2.close()
+
+
+def test_archive_leaves_a_tombstone_that_survives_restart(jpath: Path) -> None:
+    j = _open(jpath)
+    j.admit(_record("a"), {})
+    with pytest.raises(ValueError):
+        j.archive("a")
+    j.finish("a", Status.CANCELLED, output=None, error=None, uncertain=True, event_data={})
+    stone = j.archive("a")
+    assert stone.status is Status.CANCELLED and stone.uncertain_outcome
+    assert j.get("a") is None and j.events("a") == []
+    j.close()
+    j2 = _open(jpath)
+    again = j2.tombstone("a")
+    assert again is not None and again.request_hash == "h" * 64
+    j2.close()
+
+
+def test_record_bound_refuses_admission_and_keeps_nothing(jpath: Path) -> None:
+    j = _open(jpath, max_retained_runs=2)
+    j.admit(_record("a"), {})
+    j.admit(_record("b"), {})
+    with pytest.raises(JournalFull):
+        j.admit(_record("c"), {})
+    assert j.get("c") is None
+    j.close()
+    assert sqlite3.connect(jpath).execute("select count(*) from records").fetchone()[0] == 2
+
+
+def test_byte_bound_refuses_admission(jpath: Path) -> None:
+    j = _open(jpath, max_state_bytes=1024 * 1024)
+    with pytest.raises(JournalFull):
+        for i in range(10_000):
+            j.admit(_record(f"a{i}"), {"pad": "x" * 2000})
+    assert len(j.records) < 10_000
+    j.close()
+
+
+def test_events_per_run_bound_reserves_the_terminal_slot(jpath: Path) -> None:
+    j = _open(jpath, max_events_per_run=4)
+    j.admit(_record("a"), {})
+    j.append_event("a", "chunk", {})
+    j.append_event("a", "chunk", {})
+    with pytest.raises(JournalFull):
+        j.append_event("a", "chunk", {})
+    ev = j.finish("a", Status.COMPLETED, output=1, error=None, uncertain=False, event_data={})
+    assert ev.sequence == 3
+    j.close()
+
+
+def test_oversized_terminal_event_keeps_output_on_the_record(jpath: Path) -> None:
+    j = _open(jpath, max_event_bytes=1024)
+    j.admit(_record("a"), {})
+    big = "y" * 5000
+    ev = j.finish("a", Status.COMPLETED, output=big, error=None, uncertain=False,
+                  event_data={"output": big})
+    assert ev.data.get("output_omitted") is True
+    assert j.get("a").output == big  # type: ignore[union-attr]
+    j.close()
+
+
+@pytest.mark.parametrize("limit, message", [
+    ({"max_retained_runs": 1}, "records"),
+    ({"max_events_per_run": 4}, "events"),
+    ({"max_event_bytes": 1024}, "bytes"),
+])
+def test_restore_checks_bounds(jpath: Path, limit: dict[str, int], message: str) -> None:
+    j = _open(jpath)
+    for name in ("a", "b"):
+        j.admit(_record(name), {"pad": "z" * 2000})
+        for _ in range(4):
+            j.append_event(name, "chunk", {})
+        j.finish(name, Status.COMPLETED, output=None, error=None, uncertain=False,
+                 event_data={})
+    j.close()
+    with pytest.raises(JournalError, match=message):
+        _open(jpath, **limit)
+
+
+def test_restore_checks_state_bytes(jpath: Path) -> None:
+    j = _open(jpath)
+    for i in range(300):
+        j.admit(_record(f"a{i}"), {"pad": "z" * 4000})
+    j.close()
+    with pytest.raises(JournalError, match="MAX_STATE_BYTES"):
+        _open(jpath, max_state_bytes=1024 * 1024)
+
+
+def test_restore_detects_tampered_event_sequences(jpath: Path) -> None:
+    j = _open(jpath)
+    j.admit(_record("a"), {})
+    j.append_event("a", "chunk", {})
+    j.close()
+    conn = sqlite3.connect(jpath)
+    conn.execute("DELETE FROM events WHERE sequence = 0")
+    conn.commit()
+    conn.close()
+    with pytest.raises(JournalError, match="contiguous"):
+        _open(jpath)
+
+
+def test_restore_detects_duplicate_action_ids(jpath: Path) -> None:
+    j = _open(jpath)
+    j.admit(_record("a"), {})
+    j.finish("a", Status.COMPLETED, output=None, error=None, uncertain=False, event_data={})
+    j.close()
+    conn = sqlite3.connect(jpath)
+    conn.execute("INSERT INTO tombstones VALUES ('a','c','run','h','completed',0,'t')")
+    conn.commit()
+    conn.close()
+    with pytest.raises(JournalError, match="duplicate"):
+        _open(jpath)
+
+
+def test_not_a_database_is_refused(jpath: Path) -> None:
+    jpath.write_bytes(b"garbage" * 1000)
+    jpath.chmod(0o600)
+    with pytest.raises(JournalError):
+        _open(jpath)
+
+
+def test_admission_cost_does_not_rewrite_the_file(jpath: Path) -> None:
+    """Row inserts only: adding one record to a big journal grows the file by a few pages."""
+    j = _open(jpath)
+    for i in range(2000):
+        j.admit(_record(f"a{i}"), {"pad": "p" * 200})
+    before = j.state_bytes()
+    j.admit(_record("last"), {"pad": "p" * 200})
+    assert j.state_bytes() - before < 64 * 1024
+    j.close()
+
+
+def test_fenced_open_then_restore(jpath: Path) -> None:
+    lock, existed = fence_journal(jpath)
+    assert not existed
+    j = _open(jpath)
+    j.close()
+    lock.release()
