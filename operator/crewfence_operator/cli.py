@@ -72,6 +72,9 @@ def parse_config(argv: Sequence[str] | None = None,
         cert_dir=args.webhook_cert_dir or cfg.webhook.cert_dir,
         config_name=str(pick(args.webhook_config_name, cfg.webhook.config_name)),
     )
+    if webhook.config_name.count(".") < 1:
+        raise SystemExit("crewfence-operator: --webhook-config-name must be a dotted name "
+                         "(webhook names <id>.<config-name> need three DNS segments)")
     namespaces = tuple(args.namespaces) if args.namespaces else cfg.namespaces
     all_namespaces = bool(args.all_namespaces) or (not args.namespaces and cfg.all_namespaces)
     if args.namespaces:
@@ -105,7 +108,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = parse_config(argv)
     config.set_current(cfg)
     kopf.configure(verbose=cfg.verbose)
-    metrics.serve(cfg.metrics_port, cfg.metrics_addr)
+    try:
+        metrics.serve(cfg.metrics_port, cfg.metrics_addr)
+    except OSError as exc:
+        print(f"crewfence-operator: cannot serve metrics on {cfg.metrics_addr}:"
+              f"{cfg.metrics_port}: {exc.strerror}", file=sys.stderr)
+        return 2
     importlib.import_module("crewfence_operator.main")  # registers the handlers
     kopf.run(
         standalone=cfg.standalone,

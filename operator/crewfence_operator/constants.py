@@ -28,6 +28,10 @@ KOPF_PREFIX: Final = GROUP
 FINALIZER: Final = f"{GROUP}/finalizer"
 PEERING_DEFAULT_NAME: Final = "crewfence"
 WEBHOOK_CONFIG_NAME: Final = "crewfence.dev"
+# Handler ids = URL paths of the webhook server (``/<id>``); a Service-based configuration
+# (the chart) points its webhooks at these paths.
+WEBHOOK_CREW_ID: Final = "validate-crew"
+WEBHOOK_POD_ID: Final = "validate-pod"
 
 # --- the sidecar ------------------------------------------------------------------------------
 SIDECAR_PORT: Final = 8090

@@ -88,13 +88,19 @@ class OperationTraits:
     """Runs in a worker thread that keeps going after its waiter is cancelled."""
 
 
+# thread_backed is what crewai 1.15 really does, checked here: its native async path
+# (akickoff, and akickoff_for_each built on it) still runs the LLM's synchronous `call` in an
+# asyncio worker thread, so cancelling or timing out a `run`/`batch_run` leaves that call
+# running exactly like replay/train/test. knowledge_query runs in a worker thread because
+# crewai's aquery_knowledge needs an async chromadb client it never creates. Every
+# cancelled or timed-out job therefore ends `uncertain_outcome: true`.
 OPERATION_TRAITS: Final[dict[Operation, OperationTraits]] = {
-    Operation.RUN: OperationTraits(cancellable=True, thread_backed=False),
-    Operation.BATCH_RUN: OperationTraits(cancellable=True, thread_backed=False),
+    Operation.RUN: OperationTraits(cancellable=True, thread_backed=True),
+    Operation.BATCH_RUN: OperationTraits(cancellable=True, thread_backed=True),
     Operation.REPLAY: OperationTraits(cancellable=True, thread_backed=True),
     Operation.TRAIN: OperationTraits(cancellable=True, thread_backed=True),
     Operation.TEST: OperationTraits(cancellable=True, thread_backed=True),
-    Operation.KNOWLEDGE_QUERY: OperationTraits(cancellable=False, thread_backed=False),
+    Operation.KNOWLEDGE_QUERY: OperationTraits(cancellable=False, thread_backed=True),
     Operation.MEMORY_RESET: OperationTraits(cancellable=False, thread_backed=True),
 }
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from crewai import Crew
 
+from crewfence_sidecar.crewai_env import decline_first_time_tracing
 from crewfence_sidecar.declarative import DefinitionError, load_crews_file
 
 MAX_CREW_ID_CHARS = 256
@@ -126,6 +127,7 @@ class CrewCatalog:
             factories.update({crew_id: d.build for crew_id, d in definitions.items()})
         if not factories:
             raise CatalogError("no crews: the registry and the crews file define none")
+        decline_first_time_tracing()
         return cls(dict(factories))
 
     def crew_ids(self) -> list[str]:

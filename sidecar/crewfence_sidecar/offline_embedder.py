@@ -57,6 +57,41 @@ class OfflineEmbeddingFunction(CustomEmbeddingFunction):
     def build_from_config(config: dict[str, Any]) -> OfflineEmbeddingFunction:
         return OfflineEmbeddingFunction(int(config.get("dimensions", DIMENSIONS)))
 
+    def is_legacy(self) -> bool:
+        return False
+
+    def default_space(self) -> str:
+        return "cosine"
+
+    def supported_spaces(self) -> list[str]:
+        return ["cosine", "l2", "ip"]
+
+    @staticmethod
+    def validate_config(config: dict[str, Any]) -> None:
+        dimensions = config.get("dimensions", DIMENSIONS)
+        if not isinstance(dimensions, int) or dimensions < 1:
+            raise ValueError("dimensions must be a positive integer")
+
+    def validate_config_update(self, old_config: dict[str, Any],
+                               new_config: dict[str, Any]) -> None:
+        if old_config.get("dimensions") != new_config.get("dimensions"):
+            raise ValueError("the embedding dimensions of a collection cannot change")
+
+
+def _register_with_chromadb() -> None:
+    # chromadb persists the function's name with each collection and looks it up again when
+    # a later process opens the collection.
+    from chromadb.utils.embedding_functions import (
+        known_embedding_functions,
+        register_embedding_function,
+    )
+
+    if OfflineEmbeddingFunction.name() not in known_embedding_functions:
+        register_embedding_function(OfflineEmbeddingFunction)
+
+
+_register_with_chromadb()
+
 
 def offline_embedder() -> CustomProvider:
     """The crewai embedder object to pass as ``Crew(embedder=...)``."""

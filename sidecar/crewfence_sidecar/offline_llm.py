@@ -9,6 +9,12 @@ rehearsing cancellation and crash recovery:
   (``asyncio.sleep`` in ``acall``, ``time.sleep`` in ``call``);
 - ``[[fail]]`` raises :class:`OfflineLLMFailure`.
 
+crewai 1.15 calls the sync ``call`` from worker threads even under ``akickoff``, so
+cancelling a job's asyncio task does not stop a sleeping ``call``. A job may therefore bind
+a :class:`threading.Event` with :func:`bind_cancel_event`; once it is set, a sleeping call
+wakes at once and every call in that job raises :class:`OfflineLLMCancelled`, so the
+offline LLM never keeps working for a cancelled job (a hosted model would).
+
 Markers are never echoed into an answer, so a marker in one task does not leak into the
 next task's context. When crewai asks for structured output (``response_model``, e.g. its
 evaluators' ``TaskEvaluationPydanticOutput``) a schema-valid instance is returned.
@@ -17,6 +23,7 @@ evaluators' ``TaskEvaluationPydanticOutput``) a schema-valid instance is returne
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import hashlib
 import os
 import re
@@ -61,6 +68,29 @@ def _count_call() -> None:
 
 class OfflineLLMFailure(RuntimeError):
     """Raised when a prompt carries the ``[[fail]]`` marker."""
+
+
+class OfflineLLMCancelled(RuntimeError):
+    """Raised by calls made for a job whose cancel event is set."""
+
+
+_CANCEL_EVENT: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar(
+    "crewfence_offline_cancel", default=None
+)
+
+
+def bind_cancel_event(event: threading.Event) -> contextvars.Token[threading.Event | None]:
+    """Bind ``event`` to the current context (and the threads/tasks crewai derives from it)."""
+    return _CANCEL_EVENT.set(event)
+
+
+def unbind_cancel_event(token: contextvars.Token[threading.Event | None]) -> None:
+    _CANCEL_EVENT.reset(token)
+
+
+def _raise_if_cancelled(event: threading.Event | None) -> None:
+    if event is not None and event.is_set():
+        raise OfflineLLMCancelled("offline LLM: the job was cancelled")
 
 
 def prompt_text(messages: str | list[LLMMessage]) -> str:
@@ -273,8 +303,19 @@ class OfflineLLM(BaseLLM):
     ) -> str | Any:
         with llm_call_context():
             prompt, delay = self._prepare(messages, from_task, from_agent, tools)
-            if delay:
-                time.sleep(delay)
+            event = _CANCEL_EVENT.get()
+            try:
+                _raise_if_cancelled(event)
+                if delay:
+                    if event is None:
+                        time.sleep(delay)
+                    else:
+                        event.wait(delay)
+                        _raise_if_cancelled(event)
+            except OfflineLLMCancelled as error:
+                self._emit_call_failed_event(error=str(error), from_task=from_task,
+                                             from_agent=from_agent)
+                raise
             return self._finish(messages, prompt, tools, from_task, from_agent, response_model)
 
     async def acall(
@@ -289,6 +330,12 @@ class OfflineLLM(BaseLLM):
     ) -> str | Any:
         with llm_call_context():
             prompt, delay = self._prepare(messages, from_task, from_agent, tools)
+            try:
+                _raise_if_cancelled(_CANCEL_EVENT.get())
+            except OfflineLLMCancelled as error:
+                self._emit_call_failed_event(error=str(error), from_task=from_task,
+                                             from_agent=from_agent)
+                raise
             if delay:
                 await asyncio.sleep(delay)
             return self._finish(messages, prompt, tools, from_task, from_agent, response_model)

@@ -1,16 +1,22 @@
 """Execute one admitted job on a fresh crew, per the reference's execution table.
 
-| operation         | mechanism                                                        |
-|-------------------|------------------------------------------------------------------|
-| ``run``           | native ``akickoff`` with crewai streaming; text chunks -> events |
-| ``batch_run``     | native ``akickoff_for_each`` (concurrent fresh copies)           |
-| ``replay``        | ``Crew.replay`` in a worker thread                               |
-| ``train``         | ``Crew.train`` in a worker thread, one at a time, feedback from  |
-|                   | the job input through a per-job HumanInputProvider               |
-| ``test``          | ``Crew.test`` in a worker thread, scores from the event bus      |
+| operation          | mechanism                                                        |
+|--------------------|------------------------------------------------------------------|
+| ``run``            | native ``akickoff`` with crewai streaming; text chunks -> events |
+| ``batch_run``      | ``akickoff`` of one fresh crew per input in a TaskGroup (what    |
+|                    | ``akickoff_for_each`` does, minus its shared-LLM usage miscount)  |
+| ``replay``         | ``Crew.replay`` in a worker thread                               |
+| ``train``          | ``Crew.train`` in a worker thread, one at a time, feedback from  |
+|                    | the job input through a per-job HumanInputProvider               |
+| ``test``           | ``Crew.test`` in a worker thread, scores from the event bus      |
 | ``knowledge_query``| worker thread: crewai 1.15's ``aquery_knowledge`` needs an async |
-|                   | chromadb client it never creates, logs an error and returns []   |
-| ``memory_reset``  | ``Crew.reset_memories`` in a worker thread                       |
+|                    | chromadb client it never creates, logs an error and returns []   |
+| ``memory_reset``   | ``Crew.reset_memories`` in a worker thread                       |
+
+Caveat (crewai 1.15.30): even ``akickoff`` runs each agent step (``call_llm_and_parse``)
+in a worker thread with the sync ``LLM.call``; cancelling a ``run`` therefore cancels the
+asyncio side at once but an LLM call already in flight finishes in its thread. The
+offline LLM honours the job's cancel event (see :func:`_cancel_aware`), a hosted one does not.
 
 The runtime owns timeouts, cancellation, events other than chunks, and the journal. A
 cancelled waiter does not stop a worker thread; a thread-backed job that was cancelled
@@ -43,7 +49,7 @@ from pydantic_core import to_jsonable_python
 
 from crewfence_sidecar.contract import ARTIFACT_NAME_RE, Operation
 from crewfence_sidecar.crews import CrewCatalog
-from crewfence_sidecar.offline_llm import resolve_llm
+from crewfence_sidecar.offline_llm import bind_cancel_event, resolve_llm, unbind_cancel_event
 
 T = TypeVar("T")
 EVENT_FLUSH_SECONDS = 30.0
@@ -116,13 +122,26 @@ async def _build(catalog: CrewCatalog, crew_id: str) -> Crew:
     return await asyncio.to_thread(catalog.build, crew_id)
 
 
-async def _in_thread(work: Callable[[threading.Event], T]) -> T:
+async def _cancel_aware(work: Callable[[threading.Event], Awaitable[T]]) -> T:
+    """Run ``work`` with a cancel event that is set when this coroutine is cancelled.
+
+    The event reaches worker threads through the context (``asyncio.to_thread`` and crewai's
+    flow threads copy it): a thread that has not begun its crewai call never begins it, and
+    the offline LLM stops at once instead of finishing a ``[[sleep:N]]``.
+    """
     cancelled = threading.Event()
+    token = bind_cancel_event(cancelled)
     try:
-        return await asyncio.to_thread(work, cancelled)
+        return await work(cancelled)
     except asyncio.CancelledError:
         cancelled.set()
         raise
+    finally:
+        unbind_cancel_event(token)
+
+
+async def _in_thread(work: Callable[[threading.Event], T]) -> T:
+    return await _cancel_aware(lambda cancelled: asyncio.to_thread(work, cancelled))
 
 
 def _check_not_cancelled(cancelled: threading.Event) -> None:
@@ -145,16 +164,24 @@ async def _run(catalog: CrewCatalog, ctx: ExecutionContext) -> Any:
 
 
 async def _batch_run(catalog: CrewCatalog, ctx: ExecutionContext) -> Any:
-    crew = await _build(catalog, ctx.crew_id)
+    # The equivalent of crewai's akickoff_for_each with a FRESH crew per input: its own
+    # crew.copy() shares one LLM object between the copies, so token usage is summed wrongly.
     inputs = [dict(item) for item in ctx.input["inputs"]]
-    results = await crew.akickoff_for_each(inputs=inputs)
-    if not isinstance(results, list):  # pragma: no cover - only with crew.stream
-        raise ExecutionError("batch_run: the crew must not enable streaming")
-    output: dict[str, Any] = {
-        "results": [crew_output(None, r) for r in results if isinstance(r, CrewOutput)]
-    }
-    if crew.usage_metrics is not None and crew.usage_metrics.total_tokens:
-        output["token_usage"] = jsonable(crew.usage_metrics)
+    crews = [await _build(catalog, ctx.crew_id) for _ in inputs]
+    async with asyncio.TaskGroup() as group:  # one failure cancels the siblings
+        jobs = [group.create_task(crew.akickoff(inputs=item))
+                for crew, item in zip(crews, inputs, strict=True)]
+    results = [job.result() for job in jobs]
+    # Like akickoff_for_each: batch outputs are not replayable, so clear the stored ones.
+    crews[0].reset_memories(command_type="kickoff_outputs")
+    outputs = [crew_output(None, r) for r in results if isinstance(r, CrewOutput)]
+    total = sum(out.get("token_usage", {}).get("total_tokens", 0) for out in outputs)
+    output: dict[str, Any] = {"results": outputs}
+    if total:
+        output["token_usage"] = {
+            key: sum(out.get("token_usage", {}).get(key, 0) for out in outputs)
+            for key in outputs[0].get("token_usage", {})
+        }
     return output
 
 
@@ -363,8 +390,8 @@ async def execute(catalog: CrewCatalog, ctx: ExecutionContext) -> Any:
     if ctx.crew_id not in catalog:
         raise ExecutionError(f"unknown crew {ctx.crew_id!r}")
     if operation is Operation.RUN:
-        return await _run(catalog, ctx)
+        return await _cancel_aware(lambda _: _run(catalog, ctx))
     if operation is Operation.BATCH_RUN:
-        return await _batch_run(catalog, ctx)
+        return await _cancel_aware(lambda _: _batch_run(catalog, ctx))
     work = _THREAD_WORK[operation]
     return await _in_thread(lambda cancelled: work(catalog, ctx, cancelled))

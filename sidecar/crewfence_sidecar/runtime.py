@@ -217,22 +217,30 @@ class Runtime:
         ctx = JobContext(crew_id=req.crew_id, action_id=req.action_id,
                          operation=req.operation.value, input=req.input,
                          training_dir=self.settings.training_dir, emit_chunk=emit_chunk)
+        if req.operation is Operation.TRAIN:
+            async with self._train_lock:
+                return await self.executor(ctx)
+        return await self.executor(ctx)
+
+    async def _execute_in_slot(self, req: StartRequest) -> Any:
+        """Wait for a concurrency slot, then execute under the request's timeout.
+
+        The timeout covers execution, not the wait for a slot; the blocking HTTP route waits
+        from admission, which is how its 504 can come first.
+        """
         async with self._slots:
             self.metrics.active_runs.inc()
             try:
-                if req.operation is Operation.TRAIN:
-                    async with self._train_lock:
-                        return await self.executor(ctx)
-                return await self.executor(ctx)
+                return await asyncio.wait_for(self._execute(req),
+                                              req.effective_timeout_ms / 1000)
             finally:
                 self.metrics.active_runs.dec()
 
     async def _job(self, record: JobRecord, req: StartRequest) -> None:
         action_id = record.action_id
         job = self._jobs[action_id]
-        timeout_s = req.effective_timeout_ms / 1000
         try:
-            output = await asyncio.wait_for(self._execute(req), timeout_s)
+            output = await self._execute_in_slot(req)
         except asyncio.CancelledError:
             if job.cancel_requested:
                 self._finish(action_id, Status.CANCELLED, None,

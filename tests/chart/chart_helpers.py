@@ -35,18 +35,42 @@ class Helm:
 
     def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         scratch = "/tmp/crewfence-helm"
-        env = {**os.environ, "HELM_CACHE_HOME": f"{scratch}/cache",
-               "HELM_CONFIG_HOME": f"{scratch}/config", "HELM_DATA_HOME": f"{scratch}/data"}
-        result = subprocess.run([str(self.binary), *args], capture_output=True, text=True,
-                                env=env, timeout=300, check=False)
+        env = {
+            **os.environ,
+            "HELM_CACHE_HOME": f"{scratch}/cache",
+            "HELM_CONFIG_HOME": f"{scratch}/config",
+            "HELM_DATA_HOME": f"{scratch}/data",
+        }
+        result = subprocess.run(
+            [str(self.binary), *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+            check=False,
+        )
         if check and result.returncode != 0:
             raise AssertionError(f"helm {' '.join(args)} failed:\n{result.stderr}")
         return result
 
-    def template_text(self, values: dict[str, Any] | None = None, *, include_crds: bool = False,
-                      release: str = RELEASE, namespace: str = NAMESPACE) -> str:
-        args = ["template", release, str(CHART), "--namespace", namespace,
-                "--kube-version", self.kube_version, *set_args(values)]
+    def template_text(
+        self,
+        values: dict[str, Any] | None = None,
+        *,
+        include_crds: bool = False,
+        release: str = RELEASE,
+        namespace: str = NAMESPACE,
+    ) -> str:
+        args = [
+            "template",
+            release,
+            str(CHART),
+            "--namespace",
+            namespace,
+            "--kube-version",
+            self.kube_version,
+            *set_args(values),
+        ]
         if include_crds:
             args.append("--include-crds")
         return self.run(*args).stdout
@@ -67,8 +91,12 @@ def documents(text: str) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(text) if d]
 
 
-def find(docs: Iterable[dict[str, Any]], kind: str, name: str | None = None) -> list[dict[str, Any]]:
-    return [d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)]
+def find(
+    docs: Iterable[dict[str, Any]], kind: str, name: str | None = None
+) -> list[dict[str, Any]]:
+    return [
+        d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)
+    ]
 
 
 def one(docs: Iterable[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:

@@ -16,7 +16,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from chart_helpers import REPO, Helm, control_plane_kube_version  # noqa: E402
+from chart_helpers import REPO, Helm, control_plane_kube_version
 
 
 @pytest.fixture(scope="session")
@@ -26,7 +26,10 @@ def kube_bin() -> Path:
         return Path(override)
     result = subprocess.run(
         [sys.executable, str(REPO / "tests" / "e2e" / "cluster.py"), "bin"],
-        capture_output=True, text=True, timeout=3600, check=False,
+        capture_output=True,
+        text=True,
+        timeout=3600,
+        check=False,
     )
     found = re.search(r"^KUBE_BIN=(.+)$", result.stdout, re.MULTILINE)
     if result.returncode != 0 or not found or not (Path(found.group(1)) / "helm").is_file():

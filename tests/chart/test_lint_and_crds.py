@@ -15,16 +15,27 @@ LINT_VALUES: list[dict[str, Any]] = [
     {},
     {"replicaCount": 3},
     {"rbac.namespaced": True, "operator.watchNamespaces": ["team-a", "team-b"]},
-    {"webhook.certManager.enabled": True, "metrics.serviceMonitor.enabled": True,
-     "metrics.podMonitor.enabled": True, "argocd.installHealthChecks": True},
+    {
+        "webhook.certManager.enabled": True,
+        "metrics.serviceMonitor.enabled": True,
+        "metrics.podMonitor.enabled": True,
+        "argocd.installHealthChecks": True,
+    },
     {"webhook.enabled": False, "networkPolicy.enabled": False, "grafana.dashboards.enabled": False},
 ]
 
 
 @pytest.mark.parametrize("values", LINT_VALUES, ids=lambda v: ",".join(v) or "defaults")
 def test_helm_lint_strict(helm: Helm, values: dict[str, Any]) -> None:
-    result = helm.run("lint", "--strict", str(CHART), "--kube-version", helm.kube_version,
-                      *set_args(values), check=False)
+    result = helm.run(
+        "lint",
+        "--strict",
+        str(CHART),
+        "--kube-version",
+        helm.kube_version,
+        *set_args(values),
+        check=False,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "0 chart(s) failed" in result.stdout
 
@@ -57,6 +68,9 @@ def test_packaged_chart_carries_byte_identical_crds(helm: Helm, tmp_path: Path) 
     helm.run("package", str(CHART), "--destination", str(tmp_path))
     [archive] = list(tmp_path.glob("crewfence-*.tgz"))
     with tarfile.open(archive) as tar:
-        packaged = {Path(m.name).name: tar.extractfile(m).read()  # type: ignore[union-attr]
-                    for m in tar.getmembers() if m.isfile() and "/crds/" in m.name}
+        packaged = {
+            Path(m.name).name: tar.extractfile(m).read()  # type: ignore[union-attr]
+            for m in tar.getmembers()
+            if m.isfile() and "/crds/" in m.name
+        }
     assert packaged == {p.name: p.read_bytes() for p in crd_files()}

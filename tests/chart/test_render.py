@@ -1,4 +1,4 @@
-"""What `helm template` renders, checked object by object (schemas: tests/e2e/test_chart_validate.py)."""
+"""What `helm template` renders, object by object (schemas: tests/e2e/test_chart_validate.py)."""
 
 from __future__ import annotations
 
@@ -42,7 +42,8 @@ def test_several_replicas_peer_with_distinct_priorities(helm: Helm) -> None:
     assert env["CREWFENCE_OPERATOR_STANDALONE"] == "false"
     # The ordinal is unique per StatefulSet pod, so no two peers share a priority.
     assert env["CREWFENCE_OPERATOR_PRIORITY"] == {
-        "fieldRef": {"fieldPath": "metadata.labels['apps.kubernetes.io/pod-index']"}}
+        "fieldRef": {"fieldPath": "metadata.labels['apps.kubernetes.io/pod-index']"}
+    }
     assert env["CREWFENCE_OPERATOR_PEERING"] == "crewfence"
     assert one(docs, "ClusterKopfPeering", "crewfence")
     assert one(docs, "CustomResourceDefinition", "clusterkopfpeerings.kopf.dev")
@@ -59,14 +60,21 @@ def test_pod_security(helm: Helm) -> None:
     assert sc["readOnlyRootFilesystem"] is True
     assert sc["allowPrivilegeEscalation"] is False
     assert sc["capabilities"]["drop"] == ["ALL"]
-    assert container["resources"]["requests"]["cpu"] and container["resources"]["requests"]["memory"]
+    assert (
+        container["resources"]["requests"]["cpu"] and container["resources"]["requests"]["memory"]
+    )
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
 
 
 def test_sidecar_image_and_journal_bounds_reach_the_operator(helm: Helm) -> None:
-    docs = helm.render({"sidecar.image.repository": "registry.example/crews",
-                        "sidecar.image.tag": "7", "sidecar.journal.maxStateBytes": 5 * 1024**3,
-                        "sidecar.journal.maxRetainedRuns": 123})
+    docs = helm.render(
+        {
+            "sidecar.image.repository": "registry.example/crews",
+            "sidecar.image.tag": "7",
+            "sidecar.journal.maxStateBytes": 5 * 1024**3,
+            "sidecar.journal.maxRetainedRuns": 123,
+        }
+    )
     env = env_of(one(docs, "Deployment")["spec"]["template"]["spec"])
     assert env["CREWFENCE_OPERATOR_SIDECAR_IMAGE"] == "registry.example/crews:7"
     assert env["CREWFENCE_OPERATOR_SIDECAR_MAX_STATE_BYTES"] == str(5 * 1024**3)
@@ -74,13 +82,22 @@ def test_sidecar_image_and_journal_bounds_reach_the_operator(helm: Helm) -> None
 
 
 def rule_triples(rules: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
-    return {(g, r, v) for rule in rules for g in rule["apiGroups"] for r in rule["resources"]
-            for v in rule["verbs"]}
+    return {
+        (g, r, v)
+        for rule in rules
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+    }
 
 
-@pytest.mark.parametrize("values", [{}, {"replicaCount": 2},
-                                    {"rbac.namespaced": True, "operator.watchNamespaces": ["a"]}])
-def test_rbac_has_no_wildcards_and_secrets_only_where_needed(helm: Helm, values: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    "values",
+    [{}, {"replicaCount": 2}, {"rbac.namespaced": True, "operator.watchNamespaces": ["a"]}],
+)
+def test_rbac_has_no_wildcards_and_secrets_only_where_needed(
+    helm: Helm, values: dict[str, Any]
+) -> None:
     docs = helm.render(values)
     for role in find(docs, "ClusterRole") + find(docs, "Role"):
         for group, resource, verb in rule_triples(role["rules"]):
@@ -98,8 +115,9 @@ def test_namespaced_rbac_grants_roles_only_in_watched_namespaces(helm: Helm) -> 
     bindings = find(docs, "RoleBinding")
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
     for binding in bindings:
-        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": OPERATOR,
-                                        "namespace": NAMESPACE}]
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": OPERATOR, "namespace": NAMESPACE}
+        ]
     cluster = rule_triples(one(docs, "ClusterRole")["rules"])
     assert not {t for t in cluster if t[1] in {"pods", "secrets", "crewjobs"}}
     env = env_of(one(docs, "Deployment")["spec"]["template"]["spec"])
@@ -108,8 +126,16 @@ def test_namespaced_rbac_grants_roles_only_in_watched_namespaces(helm: Helm) -> 
 
 
 def test_namespaced_rbac_needs_namespaces(helm: Helm) -> None:
-    result = helm.run("template", RELEASE, str(CHART), "--kube-version", helm.kube_version,
-                      "--set", "rbac.namespaced=true", check=False)
+    result = helm.run(
+        "template",
+        RELEASE,
+        str(CHART),
+        "--kube-version",
+        helm.kube_version,
+        "--set",
+        "rbac.namespaced=true",
+        check=False,
+    )
     assert result.returncode != 0
     assert "watchNamespaces" in result.stderr
 
@@ -124,13 +150,18 @@ def test_generated_webhook_certificate_matches_ca_bundle(helm: Helm) -> None:
     assert secret["type"] == "kubernetes.io/tls"
     ca_pem = base64.b64decode(secret["data"]["ca.crt"])
     vwc = one(docs, "ValidatingWebhookConfiguration")
-    assert {w["name"] for w in vwc["webhooks"]} == {"crew-state.crewfence.dev",
-                                                    "pod-state-claims.crewfence.dev"}
+    assert {w["name"] for w in vwc["webhooks"]} == {
+        "crew-state.crewfence.dev",
+        "pod-state-claims.crewfence.dev",
+    }
     for hook in vwc["webhooks"]:
         assert base64.b64decode(hook["clientConfig"]["caBundle"]) == ca_pem
         assert hook["clientConfig"]["service"] == {
-            "name": WEBHOOK, "namespace": NAMESPACE, "path": hook["clientConfig"]["service"]["path"],
-            "port": 443}
+            "name": WEBHOOK,
+            "namespace": NAMESPACE,
+            "path": hook["clientConfig"]["service"]["path"],
+            "port": 443,
+        }
         assert "url" not in hook["clientConfig"]
     ca = load_cert(ca_pem)
     leaf = load_cert(base64.b64decode(secret["data"]["tls.crt"]))
@@ -138,14 +169,22 @@ def test_generated_webhook_certificate_matches_ca_bundle(helm: Helm) -> None:
     key = ca.public_key()
     assert leaf.signature_hash_algorithm is not None
     if isinstance(key, rsa.RSAPublicKey):
-        key.verify(leaf.signature, leaf.tbs_certificate_bytes, padding.PKCS1v15(),
-                   leaf.signature_hash_algorithm)
+        key.verify(
+            leaf.signature,
+            leaf.tbs_certificate_bytes,
+            padding.PKCS1v15(),
+            leaf.signature_hash_algorithm,
+        )
     else:
         assert isinstance(key, ec.EllipticCurvePublicKey)
-        key.verify(leaf.signature, leaf.tbs_certificate_bytes, ec.ECDSA(leaf.signature_hash_algorithm))
+        key.verify(
+            leaf.signature, leaf.tbs_certificate_bytes, ec.ECDSA(leaf.signature_hash_algorithm)
+        )
     names = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert f"{WEBHOOK}.{NAMESPACE}.svc" in names.get_values_for_type(x509.DNSName)
-    not_after = dt.datetime.fromisoformat(secret["metadata"]["annotations"]["crewfence.dev/not-after"])
+    not_after = dt.datetime.fromisoformat(
+        secret["metadata"]["annotations"]["crewfence.dev/not-after"]
+    )
     assert abs((not_after - leaf.not_valid_after_utc).total_seconds()) < 3600
     # The pod restarts when the certificate changes (the operator loads it at start).
     pod = one(docs, "Deployment")["spec"]["template"]
@@ -157,8 +196,10 @@ def test_webhook_service_reaches_the_operator_port(helm: Helm) -> None:
     service = one(docs, "Service", WEBHOOK)
     pod = one(docs, "Deployment")["spec"]["template"]
     assert service["spec"]["ports"][0]["targetPort"] == "webhook"
-    assert any(p["name"] == "webhook" and p["containerPort"] == 9443
-               for p in pod["spec"]["containers"][0]["ports"])
+    assert any(
+        p["name"] == "webhook" and p["containerPort"] == 9443
+        for p in pod["spec"]["containers"][0]["ports"]
+    )
     labels = pod["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= labels.items()
     env = env_of(pod["spec"])
@@ -174,12 +215,21 @@ def test_cert_manager_mode(helm: Helm) -> None:
     assert one(docs, "Issuer")["spec"] == {"selfSigned": {}}
     assert not find(docs, "Secret", f"{WEBHOOK}-tls")
     vwc = one(docs, "ValidatingWebhookConfiguration")
-    assert vwc["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == f"{NAMESPACE}/{WEBHOOK}"
+    assert (
+        vwc["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == f"{NAMESPACE}/{WEBHOOK}"
+    )
     assert all("caBundle" not in w["clientConfig"] for w in vwc["webhooks"])
-    external = helm.render({"webhook.certManager.enabled": True,
-                            "webhook.certManager.issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer"}})
+    external = helm.render(
+        {
+            "webhook.certManager.enabled": True,
+            "webhook.certManager.issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer"},
+        }
+    )
     assert not find(external, "Issuer")
-    assert one(external, "Certificate")["spec"]["issuerRef"] == {"name": "corp-ca", "kind": "ClusterIssuer"}
+    assert one(external, "Certificate")["spec"]["issuerRef"] == {
+        "name": "corp-ca",
+        "kind": "ClusterIssuer",
+    }
 
 
 def test_network_policy_admits_only_the_operator_to_the_sidecar_port(helm: Helm) -> None:
@@ -191,13 +241,15 @@ def test_network_policy_admits_only_the_operator_to_the_sidecar_port(helm: Helm)
         spec = policy["spec"]
         assert spec["podSelector"]["matchLabels"] == {"app.kubernetes.io/managed-by": "crewfence"}
         assert spec["podSelector"]["matchExpressions"] == [
-            {"key": "crewfence.dev/crew", "operator": "Exists"}]
+            {"key": "crewfence.dev/crew", "operator": "Exists"}
+        ]
         assert spec["policyTypes"] == ["Ingress"]
         [rule] = spec["ingress"]
         assert rule["ports"] == [{"protocol": "TCP", "port": 8090}]
         [peer] = rule["from"]
         assert peer["namespaceSelector"] == {
-            "matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}}
+            "matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}
+        }
         assert peer["podSelector"]["matchLabels"].items() <= operator_labels.items()
 
 
@@ -206,7 +258,9 @@ def test_monitors_are_optional(helm: Helm) -> None:
     docs = helm.render({"metrics.serviceMonitor.enabled": True, "metrics.podMonitor.enabled": True})
     monitor = one(docs, "ServiceMonitor")
     service = one(docs, "Service", f"{OPERATOR}-metrics")
-    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert (
+        monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    )
     assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
     pod_monitor = one(docs, "PodMonitor")
     assert pod_monitor["spec"]["podMetricsEndpoints"][0]["port"] == "http"
@@ -225,17 +279,25 @@ def test_argocd_health_checks_are_opt_in(helm: Helm) -> None:
     cm = one(docs, "ConfigMap", f"{RELEASE}-crewfence-argocd-health")
     argo = CHART / "files" / "argocd"
     assert cm["data"] == {
-        "resource.customizations.health.crewfence.dev_CrewJob":
-            (argo / "crewjob-health.lua").read_text().rstrip("\n"),
-        "resource.customizations.health.crewfence.dev_Crew":
-            (argo / "crew-health.lua").read_text().rstrip("\n"),
+        "resource.customizations.health.crewfence.dev_CrewJob": (argo / "crewjob-health.lua")
+        .read_text()
+        .rstrip("\n"),
+        "resource.customizations.health.crewfence.dev_Crew": (argo / "crew-health.lua")
+        .read_text()
+        .rstrip("\n"),
     }
     job = one(docs, "Job")
     assert "post-install" in job["metadata"]["annotations"]["helm.sh/hook"]
     role = one(docs, "Role", f"{RELEASE}-crewfence-argocd-health")
     assert role["metadata"]["namespace"] == "argocd"
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["configmaps"],
-                              "resourceNames": ["argocd-cm"], "verbs": ["get", "patch"]}]
+    assert role["rules"] == [
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "resourceNames": ["argocd-cm"],
+            "verbs": ["get", "patch"],
+        }
+    ]
 
 
 @pytest.mark.parametrize(
@@ -251,7 +313,15 @@ def test_argocd_health_checks_are_opt_in(helm: Helm) -> None:
 )
 def test_values_schema_rejects(helm: Helm, values: dict[str, Any]) -> None:
     key, value = next(iter(values.items()))
-    result = helm.run("template", RELEASE, str(CHART), "--kube-version", helm.kube_version,
-                      "--set-json", f"{key}={json.dumps(value)}", check=False)
+    result = helm.run(
+        "template",
+        RELEASE,
+        str(CHART),
+        "--kube-version",
+        helm.kube_version,
+        "--set-json",
+        f"{key}={json.dumps(value)}",
+        check=False,
+    )
     assert result.returncode != 0
     assert "schema" in result.stderr.lower() or "values don't meet" in result.stderr.lower()

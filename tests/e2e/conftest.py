@@ -42,11 +42,33 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.e2e)
 
 
+_build_error: list[str] = []
+
+
+def _wants_build() -> bool:
+    return bool(os.environ.get("CI") or os.environ.get("CREWFENCE_E2E_BUILD"))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Build missing binaries before any test starts, so the (cold, ~15 min) build does not
+    count against a test's timeout."""
+    selected = any(E2E_ROOT in Path(str(item.path)).parents for item in session.items)
+    if not selected or os.environ.get("CREWFENCE_E2E_STATE_DIR") or not _wants_build():
+        return
+    if build.cached_bin_dir() is None:
+        try:
+            build.ensure_binaries()
+        except build.BuildError as exc:
+            _build_error.append(str(exc))
+
+
 def _binaries() -> Path:
     cached = build.cached_bin_dir()
     if cached is not None:
         return cached
-    if os.environ.get("CI") or os.environ.get("CREWFENCE_E2E_BUILD"):
+    if _build_error:
+        pytest.fail(f"control-plane binaries could not be built: {_build_error[0]}", pytrace=False)
+    if _wants_build():
         try:
             return build.ensure_binaries()
         except build.BuildError as exc:

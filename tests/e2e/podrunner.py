@@ -165,6 +165,7 @@ class PodWorker:
         self.start_time = (pod.get("status") or {}).get("startTime") or now()
         self.stopping = asyncio.Event()
         self.killed = asyncio.Event()  # SIGKILL now (force deletion)
+        self.deleting = False  # the Pod is being deleted: remove the object once stopped
         self.dirty = asyncio.Event()
         self.tasks: list[asyncio.Task[Any]] = []
         self.main: asyncio.Task[None] | None = None
@@ -176,10 +177,12 @@ class PodWorker:
 
     def update(self, pod: Obj) -> None:
         self.pod = pod
-        if pod["metadata"].get("deletionTimestamp") and not self.stopping.is_set():
+        if pod["metadata"].get("deletionTimestamp"):
+            self.deleting = True
             self.stopping.set()
 
     def force_kill(self) -> None:
+        self.deleting = True
         self.stopping.set()
         self.killed.set()
 
@@ -203,7 +206,7 @@ class PodWorker:
             traceback.print_exc()
             raise
         finally:
-            if self.pod["metadata"].get("deletionTimestamp") or self.killed.is_set():
+            if self.deleting:
                 await self._finalize_deletion()
             await asyncio.sleep(0)
             updater.cancel()
@@ -215,7 +218,7 @@ class PodWorker:
             try:
                 await self._mount_volumes()
                 break
-            except ConfigError as exc:
+            except (ConfigError, ApiError, aiohttp.ClientError, TimeoutError) as exc:
                 self.message = str(exc)
                 for c in self.containers:
                     c.state = {"waiting": {"reason": "ContainerCreating", "message": str(exc)}}
@@ -525,6 +528,9 @@ class Runner:
         self.pool = IpPool()
         self.workers: dict[str, PodWorker] = {}
         self.claims: dict[tuple[str, str], Obj] = {}
+        # ReadWriteOncePod: which pod holds a claim, and pods waiting for one (scheduler's job).
+        self.rwop_holders: dict[tuple[str, str], str] = {}
+        self.unschedulable: dict[str, Obj] = {}
         self.shutting_down = False
         self.ca_pem = b""
         self.probe_session = aiohttp.ClientSession()
@@ -533,6 +539,21 @@ class Runner:
         if self.workers.get(worker.uid) is worker:
             del self.workers[worker.uid]
         self.pool.release(worker.ip)
+        self._release_claims(worker.uid)
+
+    def _release_claims(self, uid: str) -> None:
+        held = [key for key, holder in self.rwop_holders.items() if holder == uid]
+        for key in held:
+            del self.rwop_holders[key]
+        if held and self.unschedulable and not self.shutting_down:
+            asyncio.get_running_loop().create_task(self._retry_unschedulable())
+
+    async def _retry_unschedulable(self) -> None:
+        for pod in list(self.unschedulable.values()):
+            try:
+                await self._bind(pod)
+            except (ApiError, aiohttp.ClientError, TimeoutError) as exc:
+                print(f"binding {pod['metadata']['name']}: {exc}", file=sys.stderr, flush=True)
 
     async def run(self) -> None:
         import base64
@@ -647,8 +668,11 @@ class Runner:
         meta, spec = pod["metadata"], pod["spec"]
         worker: PodWorker | None = self.workers.get(meta["uid"])
         if kind == "DELETED":  # gone from the API (force deletion or our own finalisation)
+            self.unschedulable.pop(meta["uid"], None)
             if worker is not None:
                 worker.force_kill()
+            else:
+                self._release_claims(meta["uid"])
             return
         node = spec.get("nodeName")
         if not node:
@@ -668,8 +692,52 @@ class Runner:
             worker.start()
         worker.update(pod)
 
+    def _unschedulable_reason(self, pod: Obj) -> str | None:
+        """Why the scheduler would not place this pod: a ReadWriteOncePod claim in use by
+        another pod, or a claim that does not exist yet."""
+        ns, uid = pod["metadata"]["namespace"], pod["metadata"]["uid"]
+        for volume in pod["spec"].get("volumes") or []:
+            name = (volume.get("persistentVolumeClaim") or {}).get("claimName")
+            if not name:
+                continue
+            claim = self.claims.get((ns, name))
+            if claim is None:
+                return f'persistentvolumeclaim "{name}" not found'
+            holder = self.rwop_holders.get((ns, name))
+            if "ReadWriteOncePod" in (claim["spec"].get("accessModes") or []) and holder not in (
+                None,
+                uid,
+            ):
+                return (
+                    "0/1 nodes are available: 1 node has pod using PersistentVolumeClaim with "
+                    "the same name and ReadWriteOncePod access mode."
+                )
+        return None
+
     async def _bind(self, pod: Obj) -> None:
         meta = pod["metadata"]
+        reason = self._unschedulable_reason(pod)
+        if reason is not None:
+            if meta["uid"] not in self.unschedulable:
+                condition = {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "reason": "Unschedulable",
+                    "message": reason,
+                    "lastTransitionTime": now(),
+                }
+                await self.api.merge_patch(
+                    f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/status",
+                    {"status": {"conditions": [condition]}},
+                )
+            self.unschedulable[meta["uid"]] = pod
+            return
+        self.unschedulable.pop(meta["uid"], None)
+        for volume in pod["spec"].get("volumes") or []:
+            name = str((volume.get("persistentVolumeClaim") or {}).get("claimName") or "")
+            claim = self.claims.get((meta["namespace"], name)) if name else None
+            if claim and "ReadWriteOncePod" in (claim["spec"].get("accessModes") or []):
+                self.rwop_holders[(meta["namespace"], name)] = meta["uid"]
         binding = {
             "apiVersion": "v1",
             "kind": "Binding",
@@ -695,6 +763,8 @@ class Runner:
                 self.claims.pop(key, None)
                 continue
             self.claims[key] = claim
+            if self.unschedulable:
+                await self._retry_unschedulable()
             if (claim.get("status") or {}).get("phase") != "Bound" and not claim["metadata"].get(
                 "deletionTimestamp"
             ):

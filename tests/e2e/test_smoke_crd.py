@@ -25,7 +25,7 @@ def _words(text: str) -> str:
 
 @pytest.mark.parametrize("crd_file", CRD_FILES, ids=[p.name for p in CRD_FILES])
 def test_crd_installs_and_explain_shows_descriptions(cluster: Cluster, crd_file: Path) -> None:
-    installed = controlplane.install_crds(cluster.info)
+    installed = controlplane.install_crds(cluster.info, [crd_file])
     crd = yaml.safe_load(crd_file.read_text())
     assert f"customresourcedefinition.apiextensions.k8s.io/{crd['metadata']['name']}" in installed
     plural, group = crd["spec"]["names"]["plural"], crd["spec"]["group"]

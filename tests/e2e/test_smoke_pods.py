@@ -293,3 +293,57 @@ def test_pod_environment_volumes_and_claims(
     # secret file with defaultMode 0600 gains group read (0640) like on a real node.
     assert report["state_dir"] == {"mode": oct(0o2770), "gid": fs_group}
     assert report["token_file"] == {"mode": oct(0o640), "gid": fs_group}
+
+
+def sleeper(name: str, namespace: str, claim: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "volumes": [{"name": "state", "persistentVolumeClaim": {"claimName": claim}}],
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "python:3.11-slim",
+                    "command": ["python", "-c", "import time; time.sleep(3600)"],
+                    "volumeMounts": [{"name": "state", "mountPath": "/state"}],
+                }
+            ],
+        },
+    }
+
+
+def test_read_write_once_pod_claim_admits_one_pod_at_a_time(
+    cluster: Cluster, pod_runner: PodRunner, namespace: str
+) -> None:
+    cluster.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": "only-one", "namespace": namespace},
+            "spec": {
+                "accessModes": ["ReadWriteOncePod"],
+                "resources": {"requests": {"storage": "1Gi"}},
+            },
+        }
+    )
+    cluster.apply(sleeper("first", namespace, "only-one"))
+    wait_ready(cluster, namespace, "first")
+    cluster.apply(sleeper("second", namespace, "only-one"))
+
+    def unschedulable() -> bool:
+        status = (pod(cluster, namespace, "second") or {}).get("status") or {}
+        return any(
+            c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable"
+            for c in status.get("conditions") or []
+        )
+
+    wait_until(unschedulable, timeout=30, what="the second pod to be unschedulable")
+    second = pod(cluster, namespace, "second")
+    assert second is not None and not second["spec"].get("nodeName")
+    assert pod_runner.pid(namespace, "second") is None
+    cluster.kubectl("delete", "pod", "first", "-n", namespace, check=True)
+    wait_ready(cluster, namespace, "second")
+    assert pod_runner.pid(namespace, "second") is not None

@@ -10,7 +10,9 @@ CREWJOB = "crewjob-health.lua"
 CREW = "crew-health.lua"
 
 
-def crewjob(status: dict[str, Any] | None, generation: int = 1, cancel: bool = False) -> dict[str, Any]:
+def crewjob(
+    status: dict[str, Any] | None, generation: int = 1, cancel: bool = False
+) -> dict[str, Any]:
     obj: dict[str, Any] = {
         "apiVersion": "crewfence.dev/v1alpha1",
         "kind": "CrewJob",
@@ -36,8 +38,12 @@ UNCERTAIN = observed(
     failure={"category": "Execution", "code": "uncertain_outcome", "message": "sidecar restarted"},
     conditions=[
         {"type": "Ready", "status": "True", "reason": "Finished"},
-        {"type": "OutcomeUncertain", "status": "True", "reason": "SidecarRestarted",
-         "message": "the sidecar restarted while the job was running"},
+        {
+            "type": "OutcomeUncertain",
+            "status": "True",
+            "reason": "SidecarRestarted",
+            "message": "the sidecar restarted while the job was running",
+        },
     ],
 )
 
@@ -52,10 +58,14 @@ UNCERTAIN = observed(
         pytest.param(crewjob(observed("Running")), "Progressing", id="running"),
         pytest.param(crewjob(observed("Succeeded")), "Healthy", id="succeeded"),
         pytest.param(crewjob(observed("Failed")), "Degraded", id="failed"),
-        pytest.param(crewjob(observed("Succeeded"), generation=2), "Progressing", id="stale-succeeded"),
+        pytest.param(
+            crewjob(observed("Succeeded"), generation=2), "Progressing", id="stale-succeeded"
+        ),
         pytest.param(crewjob(observed("Failed"), generation=3), "Progressing", id="stale-failed"),
         pytest.param(crewjob({"phase": "Succeeded"}), "Progressing", id="no-observed-generation"),
-        pytest.param(crewjob(observed("Cancelled"), cancel=True), "Suspended", id="cancel-requested"),
+        pytest.param(
+            crewjob(observed("Cancelled"), cancel=True), "Suspended", id="cancel-requested"
+        ),
         pytest.param(crewjob(observed("Cancelled")), "Degraded", id="cancelled-unrequested"),
         pytest.param(crewjob(observed("Exploded")), "Unknown", id="unknown-phase"),
     ],
@@ -100,15 +110,22 @@ def crew(status: dict[str, Any] | None, generation: int = 1) -> dict[str, Any]:
 
 
 def ready(value: str, **extra: Any) -> dict[str, Any]:
-    return {"observedGeneration": 1,
-            "conditions": [{"type": "Ready", "status": value, "reason": "R", "message": "m"}],
-            **extra}
+    return {
+        "observedGeneration": 1,
+        "conditions": [{"type": "Ready", "status": value, "reason": "R", "message": "m"}],
+        **extra,
+    }
 
 
 def replica(ordinal: int, fenced: bool) -> dict[str, Any]:
-    return {"ordinal": ordinal, "pod": f"research-{ordinal}", "claim": f"research-state-{ordinal}",
-            "ready": not fenced, "fenced": fenced,
-            "fenceReason": "claim mounted by pod intruder" if fenced else None}
+    return {
+        "ordinal": ordinal,
+        "pod": f"research-{ordinal}",
+        "claim": f"research-state-{ordinal}",
+        "ready": not fenced,
+        "fenced": fenced,
+        "fenceReason": "claim mounted by pod intruder" if fenced else None,
+    }
 
 
 @pytest.mark.parametrize(
@@ -119,13 +136,24 @@ def replica(ordinal: int, fenced: bool) -> dict[str, Any]:
         pytest.param(crew(ready("False")), "Progressing", id="not-ready"),
         pytest.param(crew(ready("True")), "Healthy", id="ready"),
         pytest.param(crew(ready("True"), generation=2), "Progressing", id="stale"),
-        pytest.param(crew(ready("True", replicas=[replica(0, False), replica(1, False)])), "Healthy",
-                     id="ready-replicas"),
         pytest.param(
-            crew({"observedGeneration": 1, "conditions": [
-                {"type": "Ready", "status": "False"},
-                {"type": "Stalled", "status": "True", "message": "invalid crew definition"}]}),
-            "Degraded", id="stalled"),
+            crew(ready("True", replicas=[replica(0, False), replica(1, False)])),
+            "Healthy",
+            id="ready-replicas",
+        ),
+        pytest.param(
+            crew(
+                {
+                    "observedGeneration": 1,
+                    "conditions": [
+                        {"type": "Ready", "status": "False"},
+                        {"type": "Stalled", "status": "True", "message": "invalid crew definition"},
+                    ],
+                }
+            ),
+            "Degraded",
+            id="stalled",
+        ),
     ],
 )
 def test_crew_health(run_health, obj: dict[str, Any], expected: str) -> None:
@@ -141,8 +169,14 @@ def test_crew_fenced_replica_is_degraded(run_health) -> None:
 
 def test_crew_shared_state_volume_is_degraded(run_health) -> None:
     status = ready("True")
-    status["conditions"].append({"type": "StateVolumeShared", "status": "True", "reason": "ForeignMount",
-                                 "message": "claim research-state-0 is mounted by pod intruder"})
+    status["conditions"].append(
+        {
+            "type": "StateVolumeShared",
+            "status": "True",
+            "reason": "ForeignMount",
+            "message": "claim research-state-0 is mounted by pod intruder",
+        }
+    )
     health = run_health(CREW, crew(status))
     assert health.status == "Degraded"
     assert "research-state-0" in health.message

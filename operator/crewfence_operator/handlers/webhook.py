@@ -127,9 +127,9 @@ def make_server(cfg: config.WebhookConfig) -> kopf.WebhookServer:
 def register(registry: kopf.OperatorRegistry | None = None) -> None:
     """Register the validating handlers (only when a webhook server will run: kopf refuses to
     start with admission handlers and no server)."""
-    kopf.on.validate(c.GROUP, c.VERSION, c.CREW_PLURAL, id="crew-state",
+    kopf.on.validate(c.GROUP, c.VERSION, c.CREW_PLURAL, id=c.WEBHOOK_CREW_ID,
                      operations=["CREATE", "UPDATE"], registry=registry)(validate_crew)
-    kopf.on.validate("", "v1", "pods", id="pod-state-claims", operations=["CREATE"],
+    kopf.on.validate("", "v1", "pods", id=c.WEBHOOK_POD_ID, operations=["CREATE"],
                      registry=registry)(validate_pod)
 
 

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 import yaml
 from crewai import Crew
-
 from crewfence_sidecar.crews import CatalogError, CrewCatalog
 
 CREW_MODULE = """
@@ -117,3 +116,13 @@ def test_a_bad_crews_file_is_a_catalog_error(tmp_path: Path) -> None:
     bad.write_text(yaml.safe_dump({"crews": {"c": {"agents": {}}}}), encoding="utf-8")
     with pytest.raises(CatalogError, match="crew 'c': agents must define at least one agent"):
         CrewCatalog.load(None, bad)
+
+
+def test_loading_a_catalog_declines_crewai_first_time_tracing(sample_catalog: CrewCatalog) -> None:
+    from crewai.events.listeners.tracing.trace_listener import TraceCollectionListener
+    from crewai.events.listeners.tracing.utils import has_user_declined_tracing, is_first_execution
+
+    assert not is_first_execution()
+    assert has_user_declined_tracing()
+    listener = getattr(TraceCollectionListener, "_instance", None)
+    assert listener is None or not listener.first_time_handler.is_first_time

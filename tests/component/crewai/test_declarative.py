@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 from crewai import Crew, Process
-
 from crewfence_sidecar.declarative import (
     DefinitionError,
     load_crews_file,
@@ -75,7 +74,9 @@ def test_api_key_env_is_read_at_build(monkeypatch: pytest.MonkeyPatch) -> None:
         definition.build()
     monkeypatch.setenv("CF_TEST_DECL_KEY", "sk-test-only")
     crew = definition.build()  # built, never kicked off
-    assert crew.agents[0].llm.api_key == "sk-test-only"
+    llm = crew.agents[0].llm
+    assert not isinstance(llm, OfflineLLM)
+    assert getattr(llm, "api_key", None) == "sk-test-only"
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from crewfence_sidecar.offline_embedder import (
     DIMENSIONS,
     EMBEDDER_NAME,

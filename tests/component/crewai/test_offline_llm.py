@@ -10,8 +10,7 @@ import pytest
 from crewai import BaseLLM
 from crewai.utilities.evaluators.crew_evaluator_handler import TaskEvaluationPydanticOutput
 from crewai.utilities.evaluators.task_evaluator import TaskEvaluation, TrainingTaskEvaluation
-from pydantic import BaseModel, Field
-
+from crewai.utilities.types import LLMMessage
 from crewfence_sidecar.offline_llm import (
     MAX_SLEEP_SECONDS,
     MODEL_NAME,
@@ -21,8 +20,9 @@ from crewfence_sidecar.offline_llm import (
     resolve_llm,
     sleep_seconds,
 )
+from pydantic import BaseModel, Field
 
-TASK_PROMPT = [
+TASK_PROMPT: list[LLMMessage] = [
     {"role": "system", "content": "You are Researcher."},
     {"role": "user", "content": "\nCurrent Task: Research honey bees\n\nThis is the expected "
                                 "criteria for your final answer: A summary"},
@@ -44,7 +44,9 @@ def test_same_prompt_same_answer_across_instances() -> None:
 
 
 def test_different_prompts_give_different_answers() -> None:
-    other = [TASK_PROMPT[0], {"role": "user", "content": "Current Task: Research ants\n\n"}]
+    other: list[LLMMessage] = [
+        TASK_PROMPT[0], {"role": "user", "content": "Current Task: Research ants\n\n"},
+    ]
     assert OfflineLLM().call(TASK_PROMPT) != OfflineLLM().call(other)
 
 

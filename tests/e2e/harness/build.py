@@ -9,6 +9,7 @@ written after a complete build makes a warm lookup instant.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -102,10 +103,27 @@ def _build_one(target: Target, out: Path, log: Path) -> float:
 
 
 def ensure_binaries(progress: bool = True) -> Path:
-    """Return the folder with all binaries, building the missing ones first."""
+    """Return the folder with all binaries, building the missing ones first.
+
+    Concurrent callers (parallel test sessions) wait on a lock instead of building twice."""
     cached = cached_bin_dir()
     if cached is not None:
         return cached
+    versions.cache_dir().mkdir(parents=True, exist_ok=True)
+    with (versions.cache_dir() / ".build.lock").open("w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if progress:
+                print("another process is building; waiting ...", file=sys.stderr, flush=True)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        cached = cached_bin_dir()
+        if cached is not None:
+            return cached
+        return _build_all(progress)
+
+
+def _build_all(progress: bool) -> Path:
     if shutil.which("go") is None:
         raise BuildError("`go` is not on PATH; it is needed once to build the control plane")
     _check_pins()

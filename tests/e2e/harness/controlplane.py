@@ -157,6 +157,8 @@ def _start_apiserver(state_dir: Path, kube_bin: Path, p: pki.Pki, etcd_url: str)
             "--authorization-mode=Node,RBAC",
             f"--enable-admission-plugins={ADMISSION_PLUGINS}",
             "--allow-privileged=true",
+            # Endpoint validation rejects loopback addresses; nothing needs that Service here.
+            "--endpoint-reconciler-type=none",
             "--profiling=false",
             "--v=1",
         ],
@@ -211,14 +213,15 @@ def ensure_default_service_account(info: ClusterInfo, namespace: str) -> None:
     """The ServiceAccount admission plugin rejects pods until `default` exists; without
     kube-controller-manager nobody else creates it."""
     result = kubectl(info, "create", "serviceaccount", "default", "-n", namespace)
-    if result.returncode != 0 and "AlreadyExists" not in result.stderr:
+    if result.returncode != 0 and "already exists" not in result.stderr.lower():
         _must(result, f"creating serviceaccount default in {namespace}")
 
 
-def install_crds(info: ClusterInfo, crd_dir: Path = REPO / "crds") -> list[str]:
-    files = sorted(crd_dir.glob("*.yaml"))
+def install_crds(info: ClusterInfo, files: list[Path] | None = None) -> list[str]:
+    """Server-side apply CRDs (default: crds/*.yaml) and wait until they are Established."""
+    files = sorted((REPO / "crds").glob("*.yaml")) if files is None else files
     if not files:
-        raise RuntimeError(f"no CRDs in {crd_dir}")
+        raise RuntimeError(f"no CRDs in {REPO / 'crds'}")
     args = ["apply", "--server-side", "--force-conflicts"]
     for f in files:
         args += ["-f", str(f)]
@@ -269,6 +272,17 @@ def stop_operator(info: ClusterInfo) -> None:
         procs.stop(rec, grace=15)
 
 
+def _add_operator(info: ClusterInfo) -> None:
+    install_crds(info)
+    launch = OperatorLaunch.for_cluster(info.kubeconfig, Path(info.state_dir))
+    info.operator = True
+    info.operator_liveness = launch.liveness_url
+    info.operator_metrics = launch.metrics_url
+    info.webhook_port = launch.webhook_port
+    _save(info)
+    start_operator(info, launch)
+
+
 def _save(info: ClusterInfo) -> None:
     _info_path(Path(info.state_dir)).write_text(json.dumps(asdict(info), indent=2) + "\n")
 
@@ -284,6 +298,9 @@ def up(
     state_dir = state_dir.resolve()
     existing = load(state_dir)
     if existing is not None and is_running(state_dir):
+        operator_down = not existing.operator or _died(state_dir, "operator") is not None
+        if with_operator and operator_down:
+            _add_operator(existing)
         return existing
     down(state_dir)  # leftovers of a crashed run
     for sub in ("etcd", "pki", "pids", "podrunner", "apiserver"):
@@ -320,13 +337,7 @@ def up(
         if info.pod_runner:
             start_pod_runner(info)
         if with_operator:
-            install_crds(info)
-            launch = OperatorLaunch.for_cluster(info.kubeconfig, state_dir)
-            info.operator_liveness = launch.liveness_url
-            info.operator_metrics = launch.metrics_url
-            info.webhook_port = launch.webhook_port
-            _save(info)
-            start_operator(info, launch)
+            _add_operator(info)
     except BaseException:
         down(state_dir)
         raise

@@ -126,5 +126,5 @@ class Api:
                             break
                         if kind != "BOOKMARK":
                             yield kind, event["object"]
-            except (aiohttp.ClientError, TimeoutError):
+            except (aiohttp.ClientError, TimeoutError, ValueError):  # ValueError: huge line
                 continue

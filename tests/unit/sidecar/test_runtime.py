@@ -126,7 +126,7 @@ async def test_cancel_running_async_job(runtime: Runtime, executor: CountingExec
     while runtime.journal.get("a").event_count < 2:  # type: ignore[union-attr]
         await runtime.wait_change("a", 5)
     rec = await runtime.cancel("crew", "a", "stop")
-    assert rec.status is Status.CANCELLED and not rec.uncertain_outcome
+    assert rec.status is Status.CANCELLED and rec.uncertain_outcome  # run is thread-backed
     assert runtime.events("a", 0, 10)[-1].event == "cancelled"
     again = await runtime.cancel("crew", "a", None)  # terminal: unchanged
     assert again.updated_at == rec.updated_at and again.event_count == rec.event_count
@@ -153,7 +153,7 @@ async def test_timeout_of_async_and_thread_backed(
     t1, t2 = runtime.journal.get("t1"), runtime.journal.get("t2")
     assert t1 is not None and t2 is not None
     assert t1.status is Status.FAILED and t1.error["code"] == "timeout"  # type: ignore[index]
-    assert not t1.uncertain_outcome
+    assert t1.uncertain_outcome
     assert t2.status is Status.FAILED and t2.uncertain_outcome
     executor.thread_release.set()
 

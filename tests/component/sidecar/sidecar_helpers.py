@@ -1,0 +1,173 @@
+"""Helpers shared by the sidecar component tests (put on sys.path by conftest.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+TOKEN = "test-token-0123456789"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+ALL_OPS = "run,batch_run,replay,train,test,knowledge_query,memory_reset"
+SIDECAR_BIN = str(Path(sys.executable).with_name("crewfence-sidecar"))
+T = TypeVar("T")
+
+CREWS_YAML = """\
+crews:
+  research:
+    agents:
+      researcher: {role: Researcher, goal: "Research {topic}", backstory: "Curious."}
+    tasks:
+      - {name: research, agent: researcher, description: "Research {topic}",
+         expected_output: "A summary"}
+  duo:
+    agents:
+      researcher: {role: Researcher, goal: "Research {topic}", backstory: "Curious."}
+      writer: {role: Writer, goal: "Write about {topic}", backstory: "Clear."}
+    tasks:
+      - {name: research, agent: researcher, description: "Research {topic}",
+         expected_output: "Notes"}
+      - {name: write, agent: writer, description: "Write about {topic}",
+         expected_output: "An article", context: [research]}
+  library:
+    agents:
+      librarian: {role: Librarian, goal: "Answer {question}", backstory: "Knows books."}
+    tasks:
+      - {name: answer, agent: librarian, description: "Answer {question}",
+         expected_output: "An answer"}
+    knowledge:
+      - {name: bees, content: "Honey bees live in hives and make honey from nectar."}
+      - {name: ants, content: "Ants live in colonies and farm aphids."}
+"""
+
+
+def write_crews(directory: Path) -> Path:
+    path = directory / "crews.yaml"
+    path.write_text(CREWS_YAML)
+    return path
+
+
+
+def write_crews(directory: Path) -> Path:
+    path = directory / "crews.yaml"
+    path.write_text(CREWS_YAML)
+    return path
+
+
+def start_body(action_id: str, topic: str = "bees", crew_id: str = "research",
+               operation: str = "run", input_: dict[str, Any] | None = None,
+               **extra: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"crew_id": crew_id, "action_id": action_id, "operation": operation,
+                            "input": {"topic": topic} if input_ is None else input_}
+    body.update(extra)
+    return body
+
+
+def headers(key: str | None = "key-1", *, async_: bool = False, **more: str) -> dict[str, str]:
+    h = dict(AUTH)
+    if key is not None:
+        h["Idempotency-Key"] = key
+    if async_:
+        h["Prefer"] = "respond-async"
+    h.update(more)
+    return h
+
+
+def llm_calls() -> int:
+    from crewfence_sidecar.offline_llm import call_count
+
+    return call_count()
+
+
+def wait_until(check: Callable[[], T | None], timeout: float = 30.0,
+               what: str = "condition") -> T:
+    """Poll a condition with a deadline (no sleeping as synchronisation)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def metric_value(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"metric {name} missing")
+
+
+@dataclass
+class SidecarProcess:
+    """The real ``crewfence-sidecar`` executable as a child process."""
+
+    args: list[str]
+    env: dict[str, str]
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+    port: int | None = None
+    lines: list[dict[str, Any]] = field(default_factory=list)
+
+    def start(self) -> SidecarProcess:
+        log = self.log_path.open("wb")
+        self.proc = subprocess.Popen([SIDECAR_BIN, *self.args], env=self.env,
+                                     stdout=subprocess.DEVNULL, stderr=log)
+        log.close()
+        return self
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stderr_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_listening(self, timeout: float = 90.0) -> SidecarProcess:
+        def check() -> int | None:
+            assert self.proc is not None
+            for line in self.stderr_text().splitlines():
+                if line.startswith("{"):
+                    entry = json.loads(line)
+                    if entry.get("msg") == "listening":
+                        return int(entry["port"])
+            if self.proc.poll() is not None:
+                raise AssertionError(f"sidecar exited {self.proc.returncode}: "
+                                     f"{self.stderr_text()[-2000:]}")
+            return None
+
+        self.port = wait_until(check, timeout, "the sidecar to listen")
+        return self
+
+    def wait_exit(self, timeout: float = 90.0) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(30)
+
+    def terminate(self) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(60)
+
+
+def sidecar_env(state_file: Path | None, crews_file: Path, **more: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CREWFENCE_")}
+    env.update({"CREWFENCE_CREWS_FILE": str(crews_file), "CREWFENCE_HOST": "127.0.0.1",
+                "CREWFENCE_PORT": "0", "CREWFENCE_TOKEN": TOKEN})
+    if state_file is not None:
+        env["CREWFENCE_STATE_FILE"] = str(state_file)
+    env.update(more)
+    return {k: v for k, v in env.items() if v != ""}

@@ -1,0 +1,185 @@
+"""Helpers shared by the CrewJob e2e tests, the demo and the operator benchmark.
+
+Everything goes through kubectl (as a user would) or the sidecar's own HTTP API (with the
+Crew's token, read from its Secret), never through operator internals.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import time
+import urllib.request
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, Protocol
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "examples"
+TERMINAL = ("Succeeded", "Failed", "Cancelled")
+
+
+class Kubectl(Protocol):
+    def kubectl(self, *args: str, input: str | None = None, as_sa: str | None = None,
+                check: bool = False, timeout: float = 120) -> Any: ...
+
+    def get_json(self, *args: str, as_sa: str | None = None) -> Any: ...
+
+
+def wait_for(condition: Callable[[], Any], *, timeout: float, what: str,
+             interval: float = 0.5) -> Any:
+    """Poll ``condition`` until it returns something truthy (and return that)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+def apply_file(cluster: Kubectl, path: Path, namespace: str) -> None:
+    cluster.kubectl("apply", "-n", namespace, "-f", str(path), check=True)
+
+
+def apply_obj(cluster: Kubectl, obj: dict[str, Any], namespace: str) -> Any:
+    return cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(obj))
+
+
+def crewjob_manifest(name: str, operation: str, job_input: dict[str, Any], *,
+                     crew: str = "research", **spec: Any) -> dict[str, Any]:
+    return {"apiVersion": "crewfence.dev/v1alpha1", "kind": "CrewJob",
+            "metadata": {"name": name},
+            "spec": {"crewRef": {"name": crew}, "operation": operation, "input": job_input,
+                     **spec}}
+
+
+def get_job(cluster: Kubectl, namespace: str, name: str) -> dict[str, Any] | None:
+    found: dict[str, Any] | None = cluster.get_json("crewjob", name, "-n", namespace)
+    return found
+
+
+def wait_phase(cluster: Kubectl, namespace: str, name: str,
+               phases: Iterable[str] = TERMINAL, timeout: float = 240) -> dict[str, Any]:
+    wanted = tuple(phases)
+
+    def check() -> dict[str, Any] | None:
+        obj = get_job(cluster, namespace, name)
+        phase = ((obj or {}).get("status") or {}).get("phase")
+        return obj if phase in wanted else None
+
+    try:
+        result: dict[str, Any] = wait_for(check, timeout=timeout,
+                                          what=f"CrewJob {name} to reach {'/'.join(wanted)}")
+    except AssertionError as exc:
+        obj = get_job(cluster, namespace, name)
+        raise AssertionError(f"{exc}; last status: {json.dumps((obj or {}).get('status'))}") \
+            from None
+    return result
+
+
+def condition(obj: dict[str, Any], ctype: str) -> dict[str, Any] | None:
+    for cond in (obj.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == ctype:
+            return dict(cond)
+    return None
+
+
+def crew_replicas(cluster: Kubectl, namespace: str, crew: str) -> list[dict[str, Any]]:
+    obj = cluster.get_json("crew", crew, "-n", namespace) or {}
+    return list((obj.get("status") or {}).get("replicas") or [])
+
+
+def wait_crew_ready(cluster: Kubectl, namespace: str, crew: str, replicas: int,
+                    timeout: float = 300) -> list[dict[str, Any]]:
+    def check() -> list[dict[str, Any]] | None:
+        reps = crew_replicas(cluster, namespace, crew)
+        ready = [r for r in reps if r.get("ready") and r.get("address")]
+        return reps if len(ready) >= replicas else None
+
+    result: list[dict[str, Any]] = wait_for(check, timeout=timeout,
+                                            what=f"Crew {crew} with {replicas} ready replicas")
+    return result
+
+
+def crew_token(cluster: Kubectl, namespace: str, crew: str) -> str:
+    secret = cluster.get_json("secret", f"{crew}-crewfence-token", "-n", namespace)
+    return base64.b64decode(secret["data"]["token"]).decode()
+
+
+def sidecar_get(address: str, path: str, token: str, timeout: float = 10) -> tuple[int, str]:
+    req = urllib.request.Request(f"http://{address}{path}",
+                                 headers={"Authorization": f"Bearer {token}"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return int(resp.status), resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), exc.read().decode()
+
+
+def metric_total(text: str, name: str) -> float:
+    """Sum of every sample of ``name`` (all label sets) in Prometheus text format."""
+    total = 0.0
+    pattern = re.compile(rf"^{re.escape(name)}(?:\{{[^}}]*\}})?\s+([0-9.eE+-]+)$")
+    for line in text.splitlines():
+        m = pattern.match(line.strip())
+        if m:
+            total += float(m.group(1))
+    return total
+
+
+def llm_calls(cluster: Kubectl, namespace: str, crew: str) -> dict[int, float]:
+    """crewfence_offline_llm_calls_total per ready replica ordinal (process-lifetime counters)."""
+    token = crew_token(cluster, namespace, crew)
+    out: dict[int, float] = {}
+    for rep in crew_replicas(cluster, namespace, crew):
+        if not rep.get("address"):
+            continue
+        status, text = sidecar_get(rep["address"], "/metrics", token)
+        if status == 200:
+            out[int(rep["ordinal"])] = metric_total(text, "crewfence_offline_llm_calls_total")
+    return out
+
+
+def sidecar_record(cluster: Kubectl, namespace: str, crew: str, ordinal: int,
+                   action_id: str) -> tuple[int, dict[str, Any] | None]:
+    from urllib.parse import quote
+
+    token = crew_token(cluster, namespace, crew)
+    rep = next(r for r in crew_replicas(cluster, namespace, crew) if r["ordinal"] == ordinal)
+    status, text = sidecar_get(rep["address"], f"/jobs/{quote(action_id, safe='')}", token)
+    return status, (json.loads(text) if text.startswith("{") else None)
+
+
+def events_for(cluster: Kubectl, namespace: str, name: str) -> list[dict[str, Any]]:
+    found = cluster.get_json("events", "-n", namespace,
+                             f"--field-selector=involvedObject.name={name}")
+    return list((found or {}).get("items") or [])
+
+
+def wait_warning(cluster: Kubectl, namespace: str, name: str, reason_prefix: str,
+                 timeout: float = 60) -> dict[str, Any]:
+    def check() -> dict[str, Any] | None:
+        for ev in events_for(cluster, namespace, name):
+            if ev.get("type") == "Warning" and str(ev.get("reason", "")).startswith(
+                    reason_prefix):
+                return ev
+        return None
+
+    result: dict[str, Any] = wait_for(check, timeout=timeout,
+                                      what=f"Warning Event {reason_prefix}* on {name}")
+    return result
+
+
+def operator_metric(url: str, name: str, label: str | None = None) -> float:
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        text = resp.read().decode()
+    if label is None:
+        return metric_total(text, name)
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") and label in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total

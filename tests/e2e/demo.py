@@ -1,0 +1,159 @@
+#!/usr/bin/env python3
+"""The crewfence demo: a real control plane, the operator, a CrewJob that succeeds, and a slow
+CrewJob whose pod is killed, ending with an honestly uncertain outcome and recovery advice.
+
+    python tests/e2e/demo.py [--keep]      # --keep leaves the cluster running afterwards
+
+It prints what it does in plain words and exits non-zero when a step fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import textwrap
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from crewjob_support import (
+    EXAMPLES,
+    condition,
+    events_for,
+    wait_crew_ready,
+    wait_phase,
+)
+from harness import build, controlplane
+from harness.handles import Cluster
+
+NAMESPACE = "crewfence-demo"
+STATE_DIR = controlplane.REPO / ".e2e" / "demo"
+
+
+class StepFailed(Exception):
+    pass
+
+
+def say(text: str) -> None:
+    print(textwrap.fill(text, width=96), flush=True)
+
+
+def step(title: str, action: Callable[[], Any]) -> Any:
+    print(f"\n==> {title}", flush=True)
+    started = time.monotonic()
+    try:
+        result = action()
+    except Exception as exc:  # every failure ends the demo with its reason
+        raise StepFailed(f"{title}: {exc}") from exc
+    print(f"    done in {time.monotonic() - started:.1f}s", flush=True)
+    return result
+
+
+def show(cluster: Cluster, *args: str) -> str:
+    result = cluster.kubectl(*args)
+    text = (result.stdout or result.stderr).rstrip()
+    print(textwrap.indent(f"$ kubectl {' '.join(args)}\n{text}", "    "), flush=True)
+    if result.returncode != 0:
+        raise StepFailed(f"kubectl {' '.join(args)} failed")
+    return text
+
+
+def run_demo(keep: bool) -> int:
+    say("crewfence runs CrewAI crews on Kubernetes as declarative, idempotent, fenced "
+        "Actions. This demo starts a local control plane (etcd + kube-apiserver built from "
+        "source, a small pod runner instead of a kubelet) and the crewfence operator.")
+    kube_bin = step("Building or finding the control-plane binaries",
+                    lambda: build.ensure_binaries())
+    info = step("Starting etcd, kube-apiserver, the pod runner and the operator "
+                "(CRDs installed from crds/)",
+                lambda: controlplane.up(STATE_DIR, kube_bin, with_operator=True))
+    cluster = Cluster(info)
+    try:
+        print(f"    {info.env_lines.replace(chr(10), chr(10) + '    ')}")
+        step("Creating namespace crewfence-demo", lambda: (
+            show(cluster, "apply", "-f", str(EXAMPLES / "namespace.yaml")),
+            controlplane.ensure_default_service_account(info, NAMESPACE)))
+        say("A Crew is a deployed crew: two sidecar pods, each with its own journal on its "
+            "own volume. This one uses the built-in offline model: no API key, no network.")
+        step("Applying examples/crew-research.yaml and waiting for 2 ready replicas", lambda: (
+            show(cluster, "apply", "-n", NAMESPACE, "-f", str(EXAMPLES / "crew-research.yaml")),
+            wait_crew_ready(cluster, NAMESPACE, "research", 2, timeout=300)))
+        show(cluster, "get", "crews,pods,pvc", "-n", NAMESPACE)
+
+        say("A CrewJob is one Action. Its action id defaults to <namespace>/<name>, so "
+            "applying the same manifest again is an exact repeat, never a second run.")
+        step("Applying examples/crewjob-run.yaml and waiting for it to succeed", lambda: (
+            show(cluster, "apply", "-n", NAMESPACE, "-f", str(EXAMPLES / "crewjob-run.yaml")),
+            _expect(wait_phase(cluster, NAMESPACE, "crewjob-run", timeout=300),
+                    "Succeeded", uncertain=False)))
+        show(cluster, "get", "crewjobs", "-n", NAMESPACE)
+        show(cluster, "get", "crewjob", "crewjob-run", "-n", NAMESPACE,
+             "-o", "jsonpath={.status.output.value}")
+        print()
+
+        say("Now a slow job ([[sleep:N]] makes the offline model wait). While it runs we kill "
+            "its pod the hard way. A sidecar that dies mid-job cannot know what its provider "
+            "calls did, so crewfence must NOT report success or failure as fact, and must NOT "
+            "run the job again.")
+        running = step("Applying examples/crewjob-slow.yaml and waiting until it runs", lambda: (
+            show(cluster, "apply", "-n", NAMESPACE, "-f", str(EXAMPLES / "crewjob-slow.yaml")),
+            wait_phase(cluster, NAMESPACE, "crewjob-slow", ("Running",), timeout=300))[1])
+        pod = running["status"]["assignment"]["pod"]
+        step(f"Killing pod {pod}: kubectl delete pod --force --grace-period=0", lambda: show(
+            cluster, "delete", "pod", pod, "-n", NAMESPACE, "--force", "--grace-period=0"))
+        final = step("Waiting for the operator to report the outcome", lambda: _expect(
+            wait_phase(cluster, NAMESPACE, "crewjob-slow", timeout=300), "Failed",
+            uncertain=True))
+        show(cluster, "get", "crewjobs", "-n", NAMESPACE)
+        cond = condition(final, "OutcomeUncertain") or {}
+        say(f"Condition OutcomeUncertain={cond.get('status')} reason={cond.get('reason')}: "
+            f"{cond.get('message')}")
+        say(f"status.recovery: {final['status'].get('recovery')}")
+        warnings = [e for e in events_for(cluster, NAMESPACE, "crewjob-slow")
+                    if e.get("type") == "Warning"]
+        for ev in warnings:
+            say(f"Warning Event {ev.get('reason')}: {ev.get('message')}")
+        if not warnings:
+            raise StepFailed("no Warning Event was recorded for the uncertain outcome")
+        say("The job stays Failed with uncertainOutcome=true; nothing re-ran it. Reconcile "
+            "external effects before creating a new CrewJob.")
+        print("\nDemo finished: every step succeeded.", flush=True)
+        return 0
+    finally:
+        if keep:
+            say(f"Cluster left running (--keep). Stop it with: python tests/e2e/cluster.py "
+                f"down --state-dir {STATE_DIR}")
+        else:
+            print("\n==> Cleaning up: stopping everything the demo started", flush=True)
+            stopped = controlplane.down(STATE_DIR)
+            print(f"    stopped: {', '.join(stopped) or 'nothing'}", flush=True)
+
+
+def _expect(obj: dict[str, Any], phase: str, *, uncertain: bool) -> dict[str, Any]:
+    status = obj.get("status") or {}
+    if status.get("phase") != phase or bool(status.get("uncertainOutcome")) != uncertain:
+        seen = {k: status.get(k) for k in ("phase", "reason", "message", "uncertainOutcome")}
+        raise StepFailed(f"expected {phase} (uncertain={uncertain}), got {json.dumps(seen)}")
+    return obj
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--keep", action="store_true", help="leave the cluster running")
+    args = parser.parse_args(argv)
+    try:
+        return run_demo(args.keep)
+    except StepFailed as exc:
+        print(f"\nDEMO FAILED: {exc}", file=sys.stderr, flush=True)
+        return 1
+    except build.BuildError as exc:
+        print(f"\nDEMO FAILED: cannot build the control plane: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,248 @@
+"""Install the chart with `helm install` on the real control plane, then run the operator with
+exactly the chart's RBAC (a real token of the chart's ServiceAccount) and complete a CrewJob.
+
+The chart's Deployment does not run here (no kubelet pulls images); the operator runs as a local
+process through the harness's `operator_factory`, authenticated as the ServiceAccount the chart
+created, so every API call it makes is authorised by the chart's ClusterRole/Role only.
+
+The chart's ValidatingWebhookConfiguration is installed too, but the API server cannot reach a
+Service-backed webhook here (no cluster DNS or proxy), so these installs set its failurePolicy to
+Ignore and run the operator with its admission server off.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from harness.handles import Cluster, Operator, wait_until
+from prometheus_client.parser import text_string_to_metric_families
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "crewfence"
+DASHBOARD = CHART / "files" / "dashboards" / "crewfence.json"
+
+
+@dataclass(frozen=True)
+class Release:
+    name: str
+    namespace: str
+
+    @property
+    def service_account(self) -> str:
+        return f"{self.namespace}:{self.name}-crewfence-operator"
+
+
+def helm(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [str(cluster.kube_bin / "helm"), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=cluster.env(),
+        check=False,
+    )
+    assert result.returncode == 0, f"helm {' '.join(args)}: {result.stderr}"
+    return result
+
+
+@pytest.fixture
+def install(cluster: Cluster) -> Iterator[Callable[..., Release]]:
+    installed: list[Release] = []
+
+    def _install(values: dict[str, Any]) -> Release:
+        suffix = uuid.uuid4().hex[:6]
+        release = Release(name=f"cf{suffix}", namespace=f"crewfence-{suffix}")
+        sets = [a for k, v in values.items() for a in ("--set-json", f"{k}={json.dumps(v)}")]
+        helm(
+            cluster,
+            "install",
+            release.name,
+            str(CHART),
+            "--namespace",
+            release.namespace,
+            "--create-namespace",
+            "--wait=false",
+            *sets,
+        )
+        installed.append(release)
+        return release
+
+    yield _install
+    for release in installed:
+        helm(cluster, "uninstall", release.name, "--namespace", release.namespace, "--wait=false")
+        cluster.kubectl("delete", "namespace", release.namespace, "--wait=false")
+
+
+def crew_manifest(namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "crewfence.dev/v1alpha1",
+        "kind": "Crew",
+        "metadata": {"name": "charted", "namespace": namespace},
+        "spec": {
+            "replicas": 1,
+            "operations": ["run"],
+            "llm": {"model": "crewfence/offline"},
+            "process": "sequential",
+            "agents": {
+                "researcher": {
+                    "role": "Researcher",
+                    "goal": "Research {topic}",
+                    "backstory": "Careful.",
+                }
+            },
+            "tasks": [
+                {
+                    "name": "research",
+                    "agent": "researcher",
+                    "description": "Research {topic}",
+                    "expected_output": "A summary",
+                }
+            ],
+            "storage": {"size": "64Mi"},
+        },
+    }
+
+
+def crewjob_manifest(namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "crewfence.dev/v1alpha1",
+        "kind": "CrewJob",
+        "metadata": {"name": "charted-run", "namespace": namespace},
+        "spec": {
+            "crewRef": {"name": "charted"},
+            "operation": "run",
+            "input": {"topic": "helm charts"},
+        },
+    }
+
+
+def dashboard_operator_metrics() -> set[str]:
+    import re
+
+    exprs = [
+        t["expr"] for p in json.loads(DASHBOARD.read_text())["panels"] for t in p.get("targets", [])
+    ]
+    return {m for e in exprs for m in re.findall(r"\bcrewfence_operator_[a-z0-9_]+\b", e)}
+
+
+def scrape(url: str) -> tuple[set[str], set[str]]:
+    """(names with samples, names declared by HELP/TYPE) of a live /metrics."""
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    samples: set[str] = set()
+    declared: set[str] = set()
+    for family in text_string_to_metric_families(text):
+        samples |= {s.name for s in family.samples}
+        suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"]}
+        declared |= {family.name + s for s in suffixes.get(family.type, [""])}
+    return samples, declared | samples
+
+
+def run_crewjob_as_chart_sa(cluster: Cluster, operator: Operator, namespace: str) -> dict[str, Any]:
+    cluster.apply(crew_manifest(namespace))
+    cluster.apply(crewjob_manifest(namespace))
+
+    def finished() -> dict[str, Any] | None:
+        job = cluster.get_json("crewjob", "charted-run", "-n", namespace)
+        phase = ((job or {}).get("status") or {}).get("phase")
+        return job if phase in {"Succeeded", "Failed", "Cancelled"} else None
+
+    job = wait_until(finished, timeout=240, what="the CrewJob to finish")
+    assert job["status"]["phase"] == "Succeeded", (job["status"], operator.logs()[-4000:])
+    assert job["status"]["uncertainOutcome"] is False
+    return job
+
+
+def argo_health(script: str, obj: dict[str, Any]) -> str:
+    """The chart's Argo CD health check, run by real Lua 5.1 (as gopher-lua) on a live object."""
+    import lupa.lua51 as lupa
+
+    lua = lupa.LuaRuntime()
+    lua.globals().obj = lua.table_from(obj, recursive=True)
+    hs = lua.execute((CHART / "files" / "argocd" / script).read_text())
+    return str(hs["status"])
+
+
+def forbidden_lines(operator: Operator) -> list[str]:
+    return [ln for ln in operator.logs().splitlines() if "forbidden" in ln.lower()]
+
+
+def test_chart_rbac_runs_a_crewjob(
+    cluster: Cluster,
+    install: Callable[..., Release],
+    operator_factory: Callable[..., Operator],
+    namespace: str,
+) -> None:
+    release = install({"webhook.failurePolicy": "Ignore", "networkPolicy.namespaces": [namespace]})
+    sa_ns, _, sa_name = release.service_account.partition(":")
+    assert cluster.get_json("serviceaccount", sa_name, "-n", sa_ns) is not None
+    # The chart's RBAC is what the ServiceAccount gets; the admin can ask the API server.
+    can = cluster.kubectl(
+        "auth", "can-i", "create", "pods", "-n", namespace, as_sa=release.service_account
+    )
+    assert can.stdout.strip() == "yes"
+    cannot = cluster.kubectl(
+        "auth", "can-i", "list", "secrets", "-n", namespace, as_sa=release.service_account
+    )
+    assert cannot.stdout.strip() == "no"
+
+    operator = operator_factory(service_account=release.service_account, webhook_mode="off")
+    job = run_crewjob_as_chart_sa(cluster, operator, namespace)
+    assert job["status"]["assignment"]["pod"] == "charted-0"
+    # The Argo CD health checks agree with the status the operator really writes.
+    assert argo_health("crewjob-health.lua", job) == "Healthy"
+    crew = cluster.get_json("crew", "charted", "-n", namespace)
+    assert argo_health("crew-health.lua", crew) == "Healthy", crew.get("status")
+    assert not forbidden_lines(operator), forbidden_lines(operator)[:5]
+
+    # The live operator's endpoint carries every operator metric the dashboard queries.
+    samples, declared = scrape(operator.metrics_url)
+    wanted = dashboard_operator_metrics()
+    assert wanted and wanted <= declared, sorted(wanted - declared)
+    assert "crewfence_operator_crewjobs" in samples
+    assert "crewfence_operator_admission_seconds_count" in samples
+
+    policy = cluster.get_json(
+        "networkpolicy", f"{release.name}-crewfence-sidecars", "-n", namespace
+    )
+    assert policy is not None
+    cluster.kubectl(
+        "delete", "crewjob", "charted-run", "-n", namespace, "--timeout=60s", check=True
+    )
+    cluster.kubectl("delete", "crew", "charted", "-n", namespace, "--timeout=120s", check=True)
+
+
+def test_namespaced_chart_rbac_runs_a_crewjob(
+    cluster: Cluster,
+    install: Callable[..., Release],
+    operator_factory: Callable[..., Operator],
+    namespace: str,
+) -> None:
+    release = install(
+        {
+            "webhook.failurePolicy": "Ignore",
+            "rbac.namespaced": True,
+            "operator.watchNamespaces": [namespace],
+        }
+    )
+    other = cluster.kubectl(
+        "auth", "can-i", "create", "pods", "-n", "default", as_sa=release.service_account
+    )
+    assert other.stdout.strip() == "no"
+    operator = operator_factory(
+        service_account=release.service_account, webhook_mode="off", namespaces=(namespace,)
+    )
+    run_crewjob_as_chart_sa(cluster, operator, namespace)
+    assert not forbidden_lines(operator), forbidden_lines(operator)[:5]
+    cluster.kubectl(
+        "delete", "crewjob", "charted-run", "-n", namespace, "--timeout=60s", check=True
+    )
+    cluster.kubectl("delete", "crew", "charted", "-n", namespace, "--timeout=120s", check=True)

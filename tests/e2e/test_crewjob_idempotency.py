@@ -1,0 +1,134 @@
+"""Action identity on the real API server: exact repeats, changed requests, immutable specs."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import yaml
+from crewjob_support import (
+    EXAMPLES,
+    apply_obj,
+    condition,
+    crewjob_manifest,
+    get_job,
+    llm_calls,
+    wait_crew_ready,
+    wait_for,
+    wait_phase,
+)
+from harness import controlplane
+from harness.handles import Cluster, Operator
+
+
+def research_crew(replicas: int) -> dict:
+    crew = yaml.safe_load((EXAMPLES / "crew-research.yaml").read_text())
+    crew["spec"]["replicas"] = replicas
+    return crew
+
+
+@pytest.fixture(scope="module")
+def ident_ns(cluster: Cluster) -> Iterator[str]:
+    name = f"e2e-cj-ident-{uuid.uuid4().hex[:6]}"
+    cluster.kubectl("create", "namespace", name, check=True)
+    controlplane.ensure_default_service_account(cluster.info, name)
+    yield name
+    cluster.kubectl("delete", "pods", "--all", "-n", name, "--wait=false")
+    cluster.kubectl("delete", "namespace", name, "--wait=false")
+
+
+@pytest.fixture
+def ns(cluster: Cluster, operator_process: Operator, ident_ns: str) -> str:
+    assert apply_obj(cluster, research_crew(2), ident_ns).returncode == 0
+    wait_crew_ready(cluster, ident_ns, "research", 2)
+    return ident_ns
+
+
+def delete_job(cluster: Cluster, ns: str, name: str) -> None:
+    cluster.kubectl("delete", "crewjob", name, "-n", ns, "--wait=true", "--timeout=120s",
+                    check=True)
+    assert get_job(cluster, ns, name) is None
+
+
+def test_deleted_and_reapplied_crewjob_is_an_exact_repeat(cluster: Cluster, ns: str) -> None:
+    job = crewjob_manifest("repeat", "run", {"topic": "exact repeats"})
+    assert apply_obj(cluster, job, ns).returncode == 0
+    first = wait_phase(cluster, ns, "repeat")["status"]
+    assert first["phase"] == "Succeeded"
+    calls_before = llm_calls(cluster, ns, "research")
+    delete_job(cluster, ns, "repeat")
+    assert apply_obj(cluster, job, ns).returncode == 0
+    second = wait_phase(cluster, ns, "repeat")["status"]
+    assert second["phase"] == "Succeeded", json.dumps(second)
+    assert second["startedAt"] == first["startedAt"]
+    assert second["finishedAt"] == first["finishedAt"]
+    assert second["requestHash"] == first["requestHash"]
+    assert second["assignment"] == first["assignment"]
+    assert second["output"]["sha256"] == first["output"]["sha256"]
+    assert llm_calls(cluster, ns, "research") == calls_before  # nothing ran again
+
+
+def test_changed_request_under_same_action_id_is_request_changed(cluster: Cluster,
+                                                                  ns: str) -> None:
+    original = crewjob_manifest("changed", "run", {"topic": "original"})
+    assert apply_obj(cluster, original, ns).returncode == 0
+    assert wait_phase(cluster, ns, "changed")["status"]["phase"] == "Succeeded"
+    calls_before = llm_calls(cluster, ns, "research")
+    # a different CrewJob naming the same action id with another input
+    impostor = crewjob_manifest("changed-2", "run", {"topic": "different"},
+                                actionId=f"{ns}/changed")
+    assert apply_obj(cluster, impostor, ns).returncode == 0
+    obj = wait_phase(cluster, ns, "changed-2")
+    status = obj["status"]
+    assert (status["phase"], status["reason"]) == ("Failed", "RequestChanged")
+    assert status["failure"]["category"] == "Permanent"
+    assert status["failure"]["retryable"] is False
+    assert status["uncertainOutcome"] is False
+    assert "409 collision is protective" in status["recovery"]
+    assert condition(obj, "Stalled")["status"] == "True"  # type: ignore[index]
+    assert llm_calls(cluster, ns, "research") == calls_before  # nothing was run
+
+
+def test_spec_edits_are_rejected_by_the_api_server(cluster: Cluster, ns: str) -> None:
+    job = crewjob_manifest("immutable", "run", {"topic": "[[sleep:30]] immutable"},
+                           deletionPolicy="Orphan")
+    assert apply_obj(cluster, job, ns).returncode == 0
+    for patch in ({"spec": {"input": {"topic": "edited"}}},
+                  {"spec": {"operation": "batch_run"}},
+                  {"spec": {"timeoutMs": 5}},
+                  {"spec": {"actionId": "other"}},
+                  {"spec": {"deletionPolicy": "Cancel"}},
+                  {"spec": {"crewRef": {"name": "other"}}}):
+        result = cluster.kubectl("patch", "crewjob", "immutable", "-n", ns, "--type=merge",
+                                 "-p", json.dumps(patch))
+        assert result.returncode != 0, patch
+        assert "immutable" in result.stderr, result.stderr
+    # the one mutable field, false -> true only
+    ok = cluster.kubectl("patch", "crewjob", "immutable", "-n", ns, "--type=merge",
+                         "-p", '{"spec":{"cancel":true}}')
+    assert ok.returncode == 0, ok.stderr
+    assert wait_phase(cluster, ns, "immutable")["status"]["phase"] in ("Cancelled", "Succeeded")
+
+
+def test_schema_bounds_and_name_limit(cluster: Cluster, ns: str) -> None:
+    long_name = "n" * 200
+    refused = apply_obj(cluster, crewjob_manifest(long_name, "run", {"topic": "x"}), ns)
+    assert refused.returncode != 0 and "192" in refused.stderr
+    bad_timeout = apply_obj(cluster, crewjob_manifest("bad-timeout", "run", {},
+                                                      timeoutMs=3_600_001), ns)
+    assert bad_timeout.returncode != 0
+    bad_op = apply_obj(cluster, crewjob_manifest("bad-op", "fly", {}), ns)
+    assert bad_op.returncode != 0 and "Unsupported value" in bad_op.stderr
+    bad_key = apply_obj(cluster, crewjob_manifest("bad-key", "run", {},
+                                                  idempotencyKey="a\u0001b"), ns)
+    assert bad_key.returncode != 0
+    explained = cluster.kubectl("explain", "crewjobs.spec.deletionPolicy")
+    assert explained.returncode == 0 and "Orphan" in explained.stdout
+    printed = cluster.kubectl("get", "crewjobs", "-n", ns)
+    assert printed.returncode == 0
+    for column in ("CREW", "OPERATION", "PHASE", "UNCERTAIN", "AGE"):
+        assert column in printed.stdout.splitlines()[0]
+    assert wait_for(lambda: cluster.kubectl("get", "cjob", "-n", ns).returncode == 0,
+                    timeout=10, what="short name cjob")
