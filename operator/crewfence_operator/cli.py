@@ -118,7 +118,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     kopf.run(
         standalone=cfg.standalone,
         priority=cfg.priority,
-        peering_name=cfg.peering_name,
+        # A peering name makes kopf's peering mandatory: pass it only when peering is wanted.
+        peering_name=None if cfg.standalone else cfg.peering_name,
         liveness_endpoint=f"http://0.0.0.0:{cfg.liveness_port}/healthz",
         clusterwide=cfg.all_namespaces and not cfg.namespaces,
         namespaces=() if cfg.all_namespaces and not cfg.namespaces else cfg.namespaces,

@@ -49,8 +49,6 @@ STATE_FILE: Final = f"{STATE_MOUNT}/journal/journal.db"
 # Training artifacts go to the claim's root: it exists and is writable (fsGroup) on first start,
 # while a subPath folder would be created root-owned by the kubelet.
 TRAINING_DIR: Final = STATE_MOUNT
-TOKEN_MOUNT: Final = "/etc/crewfence/token"  # noqa: S105 - a path
-TOKEN_FILE: Final = f"{TOKEN_MOUNT}/{TOKEN_SECRET_KEY}"
 CREWS_MOUNT: Final = "/etc/crewfence/crews"
 CREWS_FILE: Final = f"{CREWS_MOUNT}/{CREWS_FILE_KEY}"
 SCRATCH_MOUNT: Final = "/var/run/crewfence"

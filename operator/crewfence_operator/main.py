@@ -34,7 +34,9 @@ def apply_settings(settings: kopf.OperatorSettings, cfg: config.OperatorConfig) 
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=c.KOPF_PREFIX, key="last-handled-configuration")
     settings.persistence.finalizer = c.FINALIZER
-    settings.peering.name = cfg.peering_name
+    if not cfg.standalone:
+        settings.peering.name = cfg.peering_name
+        settings.peering.mandatory = True
     settings.peering.priority = cfg.priority
     settings.peering.standalone = cfg.standalone
     # Handler log lines become Events at or above this level; INFO would post one Event per

@@ -58,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(info.env_lines)
+    print(f"# state and logs: {info.state_dir}", file=sys.stderr)
+    if info.operator:
+        print(f"# operator metrics: {info.operator_metrics}", file=sys.stderr)
     return 0
 
 

@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import contextlib
 import fcntl
-import json
 import os
 import signal
 import ssl
@@ -51,6 +50,11 @@ from harness.podspec import (
 VENV_BIN = Path(sys.executable).parent
 BASE_PATH = f"{VENV_BIN}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 HOST_IP = "127.0.0.1"
+
+
+def log(message: str) -> None:
+    stamp = datetime.now(UTC).strftime("%H:%M:%S.%f")[:-3]
+    print(f"{stamp} {message}", file=sys.stderr, flush=True)
 
 
 def now() -> str:
@@ -114,7 +118,6 @@ class ContainerRun:
     ready: bool = False
     started_at: str | None = None
     proc: asyncio.subprocess.Process | None = None
-    finished: bool = False  # exited and will not be restarted
 
     @property
     def name(self) -> str:
@@ -319,6 +322,7 @@ class PodWorker:
             self.dirty.set()
             return None
         run.proc, run.started_at = proc, now()
+        log(f"{self.ns}/{self.name}/{run.name}: started pid {proc.pid} on {self.ip}")
         pidfile = self.dir / f"{run.name}.pid"
         procs.write_pidfile(pidfile, procs.record_for(run.name, proc.pid))
         run.state = {"running": {"startedAt": run.started_at}}
@@ -341,6 +345,7 @@ class PodWorker:
             os.killpg(proc.pid, signal.SIGKILL)  # whatever the container left behind
         pidfile.unlink(missing_ok=True)
         rc = waiter.result()
+        log(f"{self.ns}/{self.name}/{run.name}: pid {proc.pid} exited with {rc}")
         run.proc, run.ready = None, False
         run.state = _terminated(rc, run.started_at)
         self.dirty.set()
@@ -372,7 +377,6 @@ class PodWorker:
             if self.stopping.is_set():
                 break
             if rc is not None and (policy == "Never" or (policy == "OnFailure" and rc == 0)):
-                run.finished = True
                 return
             if time.monotonic() - started > 2 * self.runner.opts.backoff_max:
                 backoff = self.runner.opts.backoff_initial
@@ -504,7 +508,7 @@ class PodWorker:
                     f"/api/v1/namespaces/{self.ns}/pods/{self.name}/status", {"status": status}
                 )
             except (ApiError, aiohttp.ClientError, TimeoutError) as exc:
-                print(f"status of {self.ns}/{self.name}: {exc}", file=sys.stderr, flush=True)
+                log(f"status of {self.ns}/{self.name}: {exc}")
                 await asyncio.sleep(0.5)
                 self.dirty.set()
                 continue
@@ -553,7 +557,7 @@ class Runner:
             try:
                 await self._bind(pod)
             except (ApiError, aiohttp.ClientError, TimeoutError) as exc:
-                print(f"binding {pod['metadata']['name']}: {exc}", file=sys.stderr, flush=True)
+                log(f"binding {pod['metadata']['name']}: {exc}")
 
     async def run(self) -> None:
         import base64
@@ -656,7 +660,7 @@ class Runner:
             try:
                 await self._on_pod(kind, pod)
             except (ApiError, aiohttp.ClientError, TimeoutError) as exc:
-                print(f"pod event {kind}: {exc}", file=sys.stderr, flush=True)
+                log(f"pod event {kind}: {exc}")
 
     async def _on_pod(self, kind: str, pod: Obj) -> None:
         if kind == "SYNCED":
@@ -771,7 +775,7 @@ class Runner:
                 try:
                     await self._bind_claim(claim)
                 except (ApiError, aiohttp.ClientError, TimeoutError) as exc:
-                    print(f"binding claim {key}: {exc}", file=sys.stderr, flush=True)
+                    log(f"binding claim {key}: {exc}")
 
     def _claim_dir(self, claim: Obj) -> Path:
         meta = claim["metadata"]
@@ -890,7 +894,7 @@ def main() -> None:
         backoff_max=args.backoff_max,
     )
     asyncio.run(amain(opts))
-    print(json.dumps({"stopped": True}), flush=True)
+    log("stopped")
 
 
 if __name__ == "__main__":

@@ -79,13 +79,10 @@ def test_hook_merges_health_checks_into_argocd_cm(cluster: Cluster, tmp_path: Pa
             "webhook.failurePolicy=Ignore",
             *values,
         )
-        rendered = [
-            d
-            for d in yaml.safe_load_all(
-                run_helm(cluster, "template", release, str(CHART), "-n", namespace, *values)
-            )
-            if d
-        ]
+        version = json.loads(cluster.kubectl("get", "--raw", "/version", check=True).stdout)
+        template = run_helm(cluster, "template", release, str(CHART), "-n", namespace,
+                            "--kube-version", version["gitVersion"], *values)
+        rendered = [d for d in yaml.safe_load_all(template) if d]
         job = next(d for d in rendered if d["kind"] == "Job")
         source = next(
             d

@@ -12,6 +12,8 @@ Ignore and run the operator with its admission server off.
 
 from __future__ import annotations
 
+import base64
+import datetime as dt
 import json
 import subprocess
 import urllib.request
@@ -246,3 +248,64 @@ def test_namespaced_chart_rbac_runs_a_crewjob(
         "delete", "crewjob", "charted-run", "-n", namespace, "--timeout=60s", check=True
     )
     cluster.kubectl("delete", "crew", "charted", "-n", namespace, "--timeout=120s", check=True)
+
+
+def webhook_tls(cluster: Cluster, release: Release) -> tuple[str, str, str]:
+    """(serving cert, caBundle of the first webhook, pod template checksum) as installed."""
+    secret = cluster.get_json(
+        "secret", f"{release.name}-crewfence-webhook-tls", "-n", release.namespace
+    )
+    vwc = cluster.get_json("validatingwebhookconfiguration", f"{release.name}-crewfence")
+    deployment = cluster.get_json(
+        "deployment", f"{release.name}-crewfence-operator", "-n", release.namespace
+    )
+    annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+    return (
+        secret["data"]["tls.crt"],
+        vwc["webhooks"][0]["clientConfig"]["caBundle"],
+        annotations["checksum/webhook-tls"],
+    )
+
+
+def test_upgrade_keeps_the_webhook_certificate_until_it_nears_expiry(
+    cluster: Cluster, install: Callable[..., Release]
+) -> None:
+    release = install({"webhook.failurePolicy": "Ignore"})
+    first = webhook_tls(cluster, release)
+    secret = cluster.get_json(
+        "secret", f"{release.name}-crewfence-webhook-tls", "-n", release.namespace
+    )
+    assert base64.b64decode(first[1]) == base64.b64decode(secret["data"]["ca.crt"])
+
+    upgrade = (
+        "upgrade",
+        release.name,
+        str(CHART),
+        "-n",
+        release.namespace,
+        "--reuse-values",
+        "--wait=false",
+    )
+    helm(cluster, *upgrade)
+    assert webhook_tls(cluster, release) == first, "an upgrade must not rotate a valid certificate"
+
+    # Within 30 days of the recorded expiry, the next upgrade rotates certificate, caBundle and
+    # the pod checksum together (so the operator restarts onto the new certificate).
+    soon = (dt.datetime.now(dt.UTC) + dt.timedelta(days=10)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    cluster.kubectl(
+        "annotate",
+        "secret",
+        f"{release.name}-crewfence-webhook-tls",
+        "-n",
+        release.namespace,
+        f"crewfence.dev/not-after={soon}",
+        "--overwrite",
+        check=True,
+    )
+    helm(cluster, *upgrade)
+    rotated = webhook_tls(cluster, release)
+    assert rotated[0] != first[0] and rotated[1] != first[1] and rotated[2] != first[2]
+    secret = cluster.get_json(
+        "secret", f"{release.name}-crewfence-webhook-tls", "-n", release.namespace
+    )
+    assert base64.b64decode(rotated[1]) == base64.b64decode(secret["data"]["ca.crt"])

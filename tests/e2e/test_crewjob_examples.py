@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+from crewfence_sidecar.contract import OPERATION_TRAITS, Operation
 from crewjob_support import (
     EXAMPLES,
     apply_file,
@@ -96,9 +97,14 @@ def test_slow_example_runs_and_cancels(cluster: Cluster, research: str) -> None:
     assert status["phase"] == "Cancelled", json.dumps(status)
     assert status["cancellation"] == {**status["cancellation"], "requested": True,
                                       "dispatched": True, "remoteStopConfirmed": True}
-    # run is native async: a confirmed cancel is not an uncertain outcome
-    assert status["uncertainOutcome"] is False
-    assert "confirm provider and tool state independently" in status["recovery"]
+    # the contract says whether a cancelled `run` can keep working in a thread
+    if OPERATION_TRAITS[Operation.RUN].thread_backed:
+        assert (status["uncertainOutcome"], status["reason"]) == (True, "CancelUnconfirmed")
+        assert condition(obj, "OutcomeUncertain")["status"] == "True"  # type: ignore[index]
+        assert "assume work may continue" in status["recovery"]
+    else:
+        assert status["uncertainOutcome"] is False
+        assert "confirm provider and tool state independently" in status["recovery"]
     # cancel may not go back to false (CEL)
     back = cluster.kubectl("patch", "crewjob", "crewjob-slow", "-n", ns, "--type=merge",
                            "-p", '{"spec":{"cancel":false}}')

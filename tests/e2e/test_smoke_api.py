@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+import subprocess
 
 from harness.handles import Cluster, wait_until
-from harness.versions import KUBERNETES_VERSION
+from harness.versions import HELM_VERSION, KUBERNETES_VERSION
 
 
 def test_api_server_is_ready(cluster: Cluster) -> None:
@@ -14,9 +15,12 @@ def test_api_server_is_ready(cluster: Cluster) -> None:
     assert result.stdout.strip() == "ok"
 
 
-def test_server_reports_the_pinned_version(cluster: Cluster) -> None:
-    version = json.loads(cluster.kubectl("get", "--raw", "/version", check=True).stdout)
-    assert version["gitVersion"] == KUBERNETES_VERSION
+def test_server_and_tools_report_the_pinned_versions(cluster: Cluster) -> None:
+    version = json.loads(cluster.kubectl("version", "-o", "json", check=True).stdout)
+    assert version["serverVersion"]["gitVersion"] == KUBERNETES_VERSION
+    assert version["clientVersion"]["gitVersion"] == KUBERNETES_VERSION
+    helm = cluster.helm("version", "--short", check=True).stdout
+    assert helm.startswith(HELM_VERSION)
 
 
 def test_rbac_applies_to_an_impersonated_service_account(cluster: Cluster, namespace: str) -> None:
@@ -108,9 +112,34 @@ def test_validating_admission_policy_is_enforced(cluster: Cluster, namespace: st
             assert "no forbidden keys" in result.stderr, result.stderr
             return True
 
-        wait_until(rejected, timeout=30, what="the admission policy to reject")
+        wait_until(rejected, timeout=60, what="the admission policy to reject")
         good = dict(bad, metadata={"name": "good", "namespace": namespace}, data={"ok": "1"})
         cluster.kubectl("create", "-f", "-", input=json.dumps(good), check=True)
     finally:
         cluster.kubectl("delete", "validatingadmissionpolicybinding", name)
         cluster.kubectl("delete", "validatingadmissionpolicy", name)
+
+
+def test_service_account_token_kubeconfig_authenticates_as_that_account(
+    cluster: Cluster, namespace: str
+) -> None:
+    cluster.kubectl("create", "serviceaccount", "robot", "-n", namespace, check=True)
+    path = cluster.state_dir / f"robot-{namespace}.kubeconfig"
+    kubeconfig = cluster.service_account_kubeconfig(namespace, "robot", path)
+    result = subprocess.run(
+        [
+            str(cluster.kube_bin / "kubectl"),
+            f"--kubeconfig={kubeconfig}",
+            "auth",
+            "whoami",
+            "-o",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    user = json.loads(result.stdout)["status"]["userInfo"]
+    assert user["username"] == f"system:serviceaccount:{namespace}:robot"
+    assert f"system:serviceaccounts:{namespace}" in user["groups"]

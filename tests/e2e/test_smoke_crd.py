@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 from harness import controlplane
-from harness.handles import Cluster
+from harness.handles import Cluster, wait_until
 
 CRD_FILES = sorted((controlplane.REPO / "crds").glob("*.yaml"))
 
@@ -35,9 +35,13 @@ def test_crd_installs_and_explain_shows_descriptions(cluster: Cluster, crd_file:
     assert described, f"{crd_file.name}: no spec field carries a description"
 
     version = next(v["name"] for v in crd["spec"]["versions"] if v.get("storage"))
-    result = cluster.kubectl("explain", f"{plural}.spec", f"--api-version={group}/{version}")
-    assert result.returncode == 0, result.stderr
-    output = _words(result.stdout)
+
+    def explained() -> str | None:
+        # The API server publishes a new CRD's OpenAPI shortly after it is Established.
+        result = cluster.kubectl("explain", f"{plural}.spec", f"--api-version={group}/{version}")
+        return _words(result.stdout) if result.returncode == 0 else None
+
+    output: str = wait_until(explained, timeout=60, what=f"kubectl explain {plural}.spec")
     for field, description in described.items():
         assert field in output
         # explain re-wraps text; compare the first words of each description.

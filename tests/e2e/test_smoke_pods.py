@@ -112,7 +112,7 @@ def test_force_delete_kills_the_process(
     rec = procs.record_for("web", pid)
     result = cluster.kubectl("delete", "pod", "web", "-n", namespace, "--force", "--grace-period=0")
     assert result.returncode == 0, result.stderr
-    wait_until(lambda: not procs.alive(rec), timeout=30, what="the process to die")
+    wait_until(lambda: not procs.alive(rec), timeout=60, what="the process to die")
     assert pod(cluster, namespace, "web") is None
 
 
@@ -153,15 +153,15 @@ def test_graceful_delete_sends_sigterm_then_sigkill(
     cluster.apply(manifest)
     wait_ready(cluster, namespace, "stubborn")
     data = pod_runner.pod_dir(namespace, "stubborn") / "volumes" / "data"
-    wait_until((data / "started").exists, timeout=30, what="the container to start")
+    wait_until((data / "started").exists, timeout=60, what="the container to start")
     pid = pod_runner.pid(namespace, "stubborn")
     assert pid is not None
     rec = procs.record_for("main", pid)
     cluster.kubectl("delete", "pod", "stubborn", "-n", namespace, "--wait=false", check=True)
-    wait_until((data / "term").exists, timeout=30, what="SIGTERM to arrive")
+    wait_until((data / "term").exists, timeout=60, what="SIGTERM to arrive")
     assert (data / "term").read_text() == "SIGTERM"
-    wait_until(lambda: not procs.alive(rec), timeout=30, what="SIGKILL after the grace period")
-    wait_until(lambda: pod(cluster, namespace, "stubborn") is None, timeout=30, what="pod removal")
+    wait_until(lambda: not procs.alive(rec), timeout=60, what="SIGKILL after the grace period")
+    wait_until(lambda: pod(cluster, namespace, "stubborn") is None, timeout=60, what="pod removal")
 
 
 REPORT_SCRIPT = textwrap.dedent(
@@ -340,7 +340,7 @@ def test_read_write_once_pod_claim_admits_one_pod_at_a_time(
             for c in status.get("conditions") or []
         )
 
-    wait_until(unschedulable, timeout=30, what="the second pod to be unschedulable")
+    wait_until(unschedulable, timeout=60, what="the second pod to be unschedulable")
     second = pod(cluster, namespace, "second")
     assert second is not None and not second["spec"].get("nodeName")
     assert pod_runner.pid(namespace, "second") is None

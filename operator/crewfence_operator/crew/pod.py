@@ -10,8 +10,6 @@ from crewfence_operator.crew.identity import CrewRef, object_meta, replica_label
 from crewfence_operator.crew.resources import LLM_API_KEY_ENV, claim_for_ordinal
 from crewfence_operator.crew.spec import CrewSpec
 
-TOKEN_FILE_MODE = 0o600
-
 
 @dataclass(frozen=True)
 class PodSettings:
@@ -32,7 +30,12 @@ def sidecar_env(crew: CrewRef, spec: CrewSpec, port: int) -> list[dict[str, Any]
          "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "status.podIP"}}},
         _env("CREWFENCE_PORT", str(port)),
         _env("CREWFENCE_STATE_FILE", c.STATE_FILE),
-        _env("CREWFENCE_TOKEN_FILE", c.TOKEN_FILE),
+        # The bearer token comes from the Secret as an environment variable, not as a Secret
+        # volume file: the kubelet adds group-read to Secret volume files whenever the pod has
+        # an fsGroup (which the journal's claim needs), and the sidecar insists on mode 0600.
+        {"name": "CREWFENCE_TOKEN",
+         "valueFrom": {"secretKeyRef": {"name": c.token_secret_name(crew.name),
+                                        "key": c.TOKEN_SECRET_KEY}}},
         _env("CREWFENCE_ALLOWED_OPERATIONS", ",".join(spec.operations)),
         _env("CREWAI_STORAGE_DIR", f"{c.SCRATCH_MOUNT}/crewai"),
         _env("HOME", c.SCRATCH_MOUNT),
@@ -66,11 +69,6 @@ def _volumes(crew: CrewRef, spec: CrewSpec, ordinal: int) -> list[dict[str, Any]
     return [
         {"name": "state",
          "persistentVolumeClaim": {"claimName": claim_for_ordinal(crew, spec, ordinal)}},
-        {"name": "token",
-         "secret": {"secretName": c.token_secret_name(crew.name),
-                    "defaultMode": TOKEN_FILE_MODE,
-                    "items": [{"key": c.TOKEN_SECRET_KEY, "path": c.TOKEN_SECRET_KEY,
-                               "mode": TOKEN_FILE_MODE}]}},
         {"name": "crews",
          "configMap": {"name": c.crews_configmap_name(crew.name), "defaultMode": 0o444}},
         {"name": "scratch", "emptyDir": {}},
@@ -81,7 +79,6 @@ def _volumes(crew: CrewRef, spec: CrewSpec, ordinal: int) -> list[dict[str, Any]
 def _mounts() -> list[dict[str, Any]]:
     return [
         {"name": "state", "mountPath": c.STATE_MOUNT},
-        {"name": "token", "mountPath": c.TOKEN_MOUNT, "readOnly": True},
         {"name": "crews", "mountPath": c.CREWS_MOUNT, "readOnly": True},
         {"name": "scratch", "mountPath": c.SCRATCH_MOUNT},
         {"name": "tmp", "mountPath": "/tmp"},  # noqa: S108 - a private emptyDir, not a shared /tmp

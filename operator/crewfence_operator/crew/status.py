@@ -88,7 +88,13 @@ def replica_status(obs: ReplicaObservation, port: int) -> dict[str, Any]:
         entry["activeRuns"] = obs.health.active_runs
     if obs.message:
         entry["message"] = obs.message
-    return entry
+    return _without_nulls(entry)
+
+
+def _without_nulls(entry: dict[str, Any]) -> dict[str, Any]:
+    """Status is written with a merge patch, where null means "delete": an absent key IS null.
+    Dropping them keeps the written status equal to what is read back (no needless writes)."""
+    return {k: v for k, v in entry.items() if v is not None}
 
 
 def _now() -> str:
@@ -103,7 +109,7 @@ def condition(
     value = "True" if status else "False"
     old = next((p for p in previous if p.get("type") == ctype), None)
     changed = old is None or old.get("status") != value
-    return {
+    return _without_nulls({
         "type": ctype,
         "status": value,
         "reason": reason,
@@ -112,7 +118,7 @@ def condition(
         "lastTransitionTime": (
             (now or _now()) if changed or old is None else old.get("lastTransitionTime")
         ),
-    }
+    })
 
 
 @dataclass(frozen=True)
@@ -175,8 +181,8 @@ def crew_status(obs: CrewObservation, now: str | None = None) -> dict[str, Any]:
         "readyReplicas": ready,
         "fencedReplicas": len(fenced),
         "retainedClaims": [
-            {"ordinal": r.ordinal, "claim": r.claim, "retainedRuns": r.retained_runs,
-             "reason": r.reason}
+            _without_nulls({"ordinal": r.ordinal, "claim": r.claim,
+                            "retainedRuns": r.retained_runs, "reason": r.reason})
             for r in obs.retained_claims
         ],
         "conditions": [ready_cond, shared, retained],

@@ -116,6 +116,30 @@ def _configmap_body(body: Mapping[str, Any], name: str, value: str) -> dict[str,
     }
 
 
+# Many CrewJobs of one Crew start together; one read of the Crew and its token serves them all
+# for a moment (a replica's readiness or journal id a second old is still checked again later).
+CREW_CACHE_SECONDS = 1.0
+_crew_cache: dict[tuple[str, str], tuple[float, dict[str, Any] | None, str | None]] = {}
+_crew_locks: dict[tuple[str, str], asyncio.Lock] = {}
+
+
+async def read_crew_and_token(namespace: str,
+                              crew: str) -> tuple[dict[str, Any] | None, str | None]:
+    key = (namespace, crew)
+    lock = _crew_locks.setdefault(key, asyncio.Lock())
+    async with lock:
+        cached = _crew_cache.get(key)
+        if cached is not None and cached[0] > time.monotonic():
+            return cached[1], cached[2]
+        crew_obj = await asyncio.to_thread(kube.get_crew, namespace, crew)
+        token = None
+        if crew_obj is not None:
+            token = await asyncio.to_thread(kube.read_secret_value, namespace,
+                                            c.token_secret_name(crew), c.TOKEN_SECRET_KEY)
+        _crew_cache[key] = (time.monotonic() + CREW_CACHE_SECONDS, crew_obj, token)
+        return crew_obj, token
+
+
 class ObjectGone(Exception):
     """The CrewJob disappeared while we worked on it."""
 
@@ -241,12 +265,7 @@ class JobRunner:
 
     # --- cluster reads ----------------------------------------------------------------------
     async def crew_and_token(self, crew: str) -> tuple[dict[str, Any] | None, str | None]:
-        crew_obj = await asyncio.to_thread(kube.get_crew, self.namespace, crew)
-        if crew_obj is None:
-            return None, None
-        token = await asyncio.to_thread(kube.read_secret_value, self.namespace,
-                                        c.token_secret_name(crew), c.TOKEN_SECRET_KEY)
-        return crew_obj, token
+        return await read_crew_and_token(self.namespace, crew)
 
     @staticmethod
     def client_for(replica: Replica, token: str) -> SidecarClient:
@@ -618,10 +637,14 @@ async def cancel_on_deletion(runner: JobRunner) -> None:
         return
     reason = Reason.CANCEL_UNCONFIRMED
     metrics.observe_uncertain_outcome(reason.value)
-    detail = ("the sidecar cancelled the task, but its worker thread can continue"
-              if confirmed else "the sidecar did not acknowledge the cancel in time")
+    if confirmed:
+        detail = "the sidecar cancelled the task, but its worker thread can continue"
+        advice = outcome.RECOVERY["cancel_thread"]
+    else:
+        detail = "the sidecar did not acknowledge the cancel in time"
+        advice = outcome.RECOVERY[reason]
     kopf.warn(body, reason=f"OutcomeUncertain{reason.value}",
-              message=f"CrewJob deleted: {detail}; {outcome.RECOVERY[reason]}"[:1000])
+              message=f"CrewJob deleted: {detail}. {advice}"[:1000])
 
 
 # --- kopf registration -----------------------------------------------------------------------
@@ -634,9 +657,10 @@ async def _wait_stopped(stopped: kopf.DaemonStopped) -> None:
     await stopped.wait()
 
 
+# No forced cancellation: the daemon exits by itself (at once when the operator stops; after a
+# bounded cancel wait when the CrewJob is deleted), and kopf re-checks every second.
 @kopf.daemon(c.GROUP, c.VERSION, c.CREWJOB_PLURAL, id=DAEMON_ID, when=is_live,
-             cancellation_backoff=SETTINGS.deletion_wait_seconds + 15.0,
-             cancellation_timeout=10.0)
+             cancellation_polling=1.0)
 async def crewjob_daemon(stopped: kopf.DaemonStopped, body: kopf.Body, **_: Any) -> None:
     runner = JobRunner(body)
     work = asyncio.create_task(runner.run(), name=f"crewjob {runner.namespace}/{runner.name}")
@@ -674,8 +698,11 @@ async def crewjob_phase_tracker(event: Mapping[str, Any], **_: Any) -> None:
     meta = obj.get("metadata") or {}
     key = (str(meta.get("namespace")), str(meta.get("name")))
     old = _phases.get(key)
-    new = None if event.get("type") == "DELETED" else str(
-        (obj.get("status") or {}).get("phase") or Phase.PENDING.value)
+    status = obj.get("status") or {}
+    new = None if event.get("type") == "DELETED" else str(status.get("phase") or
+                                                          Phase.PENDING.value)
+    if new is not None and is_terminal_and_behind(obj):
+        await acknowledge_late_spec_change(obj)
     if old == new:
         return
     if new is None:
@@ -683,6 +710,34 @@ async def crewjob_phase_tracker(event: Mapping[str, Any], **_: Any) -> None:
     else:
         _phases[key] = new
     metrics.observe_crewjob_phase_change(old, new)
+
+
+def is_terminal_and_behind(obj: Mapping[str, Any]) -> bool:
+    """A finished CrewJob whose spec changed since (only `cancel` can): kstatus readers wait
+    for observedGeneration, so it must catch up even though no daemon runs any more."""
+    status = obj.get("status") or {}
+    meta = obj.get("metadata") or {}
+    return (not is_live(status) and meta.get("deletionTimestamp") is None
+            and int(status.get("observedGeneration") or 0) < int(meta.get("generation") or 0))
+
+
+async def acknowledge_late_spec_change(obj: Mapping[str, Any]) -> None:
+    meta, status = obj["metadata"], dict(obj.get("status") or {})
+    generation = int(meta["generation"])
+    patch: dict[str, Any] = {
+        "observedGeneration": generation,
+        "conditions": [{**cond, "observedGeneration": generation}
+                       for cond in status.get("conditions") or []],
+    }
+    if (obj.get("spec") or {}).get("cancel") and not (status.get("cancellation") or {}).get(
+            "requested"):
+        patch["cancellation"] = Cancellation(
+            requested=True, message="the job had already ended; nothing was cancelled").to_status()
+    try:
+        await asyncio.to_thread(_patch_status_blocking, meta["namespace"], meta["name"], patch)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
 
 
 @kopf.on.cleanup()

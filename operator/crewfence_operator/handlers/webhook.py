@@ -70,7 +70,7 @@ def existing_claim_problem(
 
 
 async def validate_crew(
-    spec: kopf.Spec, name: str | None, namespace: str | None, **_: Any
+    spec: Mapping[str, Any], name: str | None, namespace: str | None, **_: Any
 ) -> None:
     crew_name = name or ""
     problem = crew_access_mode_problem(crew_name, spec)
@@ -90,7 +90,7 @@ async def validate_crew(
         raise kopf.AdmissionError(problem, code=FORBIDDEN)
 
 
-async def validate_pod(body: kopf.Body, namespace: str | None, **_: Any) -> None:
+async def validate_pod(body: Mapping[str, Any], namespace: str | None, **_: Any) -> None:
     claims = pod_claims(dict(body))
     if not claims:
         return

@@ -12,6 +12,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -75,10 +76,21 @@ def _check_pins() -> None:
             raise BuildError(f"kubebuild/go.mod does not pin {needle!r}; keep versions.py in step")
 
 
-def _build_one(target: Target, out: Path, log: Path) -> float:
+@dataclass(frozen=True)
+class Timing:
+    wall: float
+    cpu: float  # user+system seconds of go and its compilers: comparable across machine load
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _build_one(target: Target, out: Path, log: Path) -> Timing:
     flags = f"-s -w {target.ldflags}".strip()
     env = dict(os.environ, GOFLAGS="-mod=readonly -buildvcs=false")
-    started = time.monotonic()
+    started, cpu_started = time.monotonic(), _children_cpu()
     with log.open("w") as log_file:
         if "@" in target.package:
             with tempfile.TemporaryDirectory(dir=out) as gobin:
@@ -99,7 +111,7 @@ def _build_one(target: Target, out: Path, log: Path) -> float:
                 os.replace(tmp, out / target.name)
     if result.returncode != 0:
         raise BuildError(f"building {target.name} failed: {' '.join(cmd)} (log: {log})")
-    return time.monotonic() - started
+    return Timing(time.monotonic() - started, _children_cpu() - cpu_started)
 
 
 def ensure_binaries(progress: bool = True) -> Path:
@@ -129,21 +141,31 @@ def _build_all(progress: bool) -> Path:
     _check_pins()
     out = versions.bin_dir()
     out.mkdir(parents=True, exist_ok=True)
-    timings: dict[str, float] = {}
+    timings: dict[str, dict[str, float]] = {}
     for target in TARGETS:
         if (out / target.name).is_file():
             continue  # binaries are renamed into place only after a successful build
         if progress:
             print(f"building {target.name} ...", file=sys.stderr, flush=True)
-        seconds = _build_one(target, out, versions.cache_dir() / f"build-{target.name}.log")
-        timings[target.name] = round(seconds, 1)
+        load = os.getloadavg()[0]
+        timing = _build_one(target, out, versions.cache_dir() / f"build-{target.name}.log")
+        timings[target.name] = {
+            "wall_seconds": round(timing.wall, 1),
+            "cpu_seconds": round(timing.cpu, 1),
+            "load_at_start": round(load, 1),
+        }
         if progress:
-            print(f"built {target.name} in {seconds:.0f}s", file=sys.stderr, flush=True)
+            print(
+                f"built {target.name} in {timing.wall:.0f}s (cpu {timing.cpu:.0f}s)",
+                file=sys.stderr,
+                flush=True,
+            )
     stamp = {
         "kubernetes": versions.KUBERNETES_VERSION,
         "etcd": versions.ETCD_VERSION,
         "helm": versions.HELM_VERSION,
-        "build_seconds": timings,
+        "build": timings,
+        "cpus": os.cpu_count(),
     }
     versions.stamp_file().write_text(json.dumps(stamp, indent=2) + "\n")
     return out

@@ -8,7 +8,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +64,28 @@ class Cluster:
         )
         if check and result.returncode != 0:
             raise AssertionError(f"kubectl {' '.join(args)} failed: {result.stderr.strip()}")
+        return result
+
+    def helm(
+        self, *args: str, check: bool = False, timeout: float = 300
+    ) -> subprocess.CompletedProcess[str]:
+        """Run the built helm against this cluster (its caches stay in the state folder)."""
+        home = self.state_dir / "helm"
+        env = dict(
+            self.env(),
+            HELM_CACHE_HOME=str(home / "cache"),
+            HELM_CONFIG_HOME=str(home / "config"),
+            HELM_DATA_HOME=str(home / "data"),
+        )
+        result = subprocess.run(
+            [str(self.kube_bin / "helm"), *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(f"helm {' '.join(args)} failed: {result.stderr.strip()}")
         return result
 
     def get_json(self, *args: str, as_sa: str | None = None) -> Any:
@@ -179,7 +201,6 @@ class Operator:
     cluster: Cluster
     launch: OperatorLaunch
     service_account: str | None = None
-    started: list[procs.ProcRecord] = field(default_factory=list)
 
     @property
     def log_path(self) -> Path:

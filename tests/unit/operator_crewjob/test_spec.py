@@ -66,6 +66,7 @@ def test_invalid_specs_are_refused_before_dispatch(bad: dict[str, object]) -> No
 
 
 def test_thread_backed_follows_the_contract_traits() -> None:
-    assert JobSpec.from_resource("ns", "n", spec(operation="replay",
-                                                 input={"task_id": "t"})).thread_backed
-    assert not JobSpec.from_resource("ns", "n", spec()).thread_backed
+    replay = JobSpec.from_resource("ns", "n", spec(operation="replay", input={"task_id": "t"}))
+    assert replay.thread_backed is contract.OPERATION_TRAITS[Operation.REPLAY].thread_backed
+    run = JobSpec.from_resource("ns", "n", spec())
+    assert run.thread_backed is contract.OPERATION_TRAITS[Operation.RUN].thread_backed

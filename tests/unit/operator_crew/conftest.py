@@ -1,0 +1,27 @@
+"""Shared fixtures for the Crew half of the operator."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from crewfence_operator.crew.identity import CrewRef
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture
+def crew_ref() -> CrewRef:
+    return CrewRef(name="research", namespace="team-a", uid="1111-2222")
+
+
+@pytest.fixture
+def example_crew() -> dict[str, Any]:
+    return yaml.safe_load((REPO / "examples" / "crew-research.yaml").read_text())
+
+
+@pytest.fixture
+def crew_crd() -> dict[str, Any]:
+    return yaml.safe_load((REPO / "crds" / "crew.yaml").read_text())

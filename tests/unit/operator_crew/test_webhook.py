@@ -1,0 +1,90 @@
+"""Admission decisions and the webhook's TLS material (a real handshake)."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from pathlib import Path
+from typing import Any
+
+import kopf
+import pytest
+from crewfence_operator import certs
+from crewfence_operator.config import WebhookConfig, WebhookMode
+from crewfence_operator.handlers import webhook
+
+
+def test_shared_access_modes_named() -> None:
+    for mode in ("ReadWriteMany", "ReadOnlyMany"):
+        message = webhook.crew_access_mode_problem("c", {"storage": {"accessMode": mode}})
+        assert message is not None and mode in message and "ReadWriteOncePod" in message
+    assert webhook.crew_access_mode_problem("c", {"storage": {"accessMode": "ReadWriteOnce"}}) \
+        is None
+    assert webhook.crew_access_mode_problem("c", {}) is None
+
+
+def test_existing_claim_used_elsewhere() -> None:
+    other = {"metadata": {"name": "other"}, "spec": {"storage": {"existingClaim": "data"}}}
+    me = {"metadata": {"name": "me"}, "spec": {"storage": {"existingClaim": "data"}}}
+    message = webhook.existing_claim_problem("me", "data", None, [me, other])
+    assert message is not None and '"data"' in message and '"other"' in message
+    labelled: dict[str, Any] = {"metadata": {"name": "data", "labels": {
+        "crewfence.dev/role": "state", "crewfence.dev/crew": "other",
+        "crewfence.dev/replica": "0"}}}
+    assert "Crew \"other\"" in (webhook.existing_claim_problem("me", "data", labelled, [me])
+                                or "")
+    mine = {"metadata": {"name": "data", "labels": {**labelled["metadata"]["labels"],
+                                                    "crewfence.dev/crew": "me"}}}
+    assert webhook.existing_claim_problem("me", "data", mine, [me]) is None
+
+
+async def test_validate_crew_raises_admission_error() -> None:
+    with pytest.raises(kopf.AdmissionError) as err:
+        await webhook.validate_crew(spec={"storage": {"accessMode": "ReadWriteMany"}},
+                                    name="c", namespace="ns")
+    assert err.value.code == 403
+
+
+async def test_pod_without_claims_needs_no_lookup() -> None:
+    body = {"metadata": {"name": "p", "namespace": "ns"}, "spec": {"volumes": [
+        {"name": "e", "emptyDir": {}}]}}
+    # No API is configured in unit tests: a lookup would be refused with AdmissionError 503.
+    await webhook.validate_pod(body=body, namespace="ns")
+
+
+async def test_generated_certificate_serves_tls(tmp_path: Path) -> None:
+    files = certs.generate(tmp_path, ["127.0.0.1", "localhost"])
+    assert (files.key.stat().st_mode & 0o777) == 0o600
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_ctx.load_cert_chain(files.cert, files.key)
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"ok")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0, ssl=server_ctx)
+    port = server.sockets[0].getsockname()[1]
+    client_ctx = ssl.create_default_context(cafile=str(files.ca))
+    async with server:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=client_ctx,
+                                                       server_hostname="127.0.0.1")
+        assert await reader.read() == b"ok"
+        writer.close()
+    # A client trusting another CA refuses it.
+    other = certs.generate(tmp_path / "other", ["127.0.0.1"])
+    server = await asyncio.start_server(answer, "127.0.0.1", 0, ssl=server_ctx)
+    port = server.sockets[0].getsockname()[1]
+    async with server:
+        with pytest.raises(ssl.SSLCertVerificationError):
+            await asyncio.open_connection(
+                "127.0.0.1", port, ssl=ssl.create_default_context(cafile=str(other.ca)),
+                server_hostname="127.0.0.1")
+
+
+def test_server_uses_mounted_certificates(tmp_path: Path) -> None:
+    files = certs.generate(tmp_path, ["crewfence-webhook.crewfence-system.svc"])
+    server = webhook.make_server(WebhookConfig(mode=WebhookMode.SERVICE, addr="0.0.0.0",
+                                               cert_dir=str(tmp_path)))
+    assert server.certfile == str(files.cert) and server.pkeyfile == str(files.key)
+    assert server.cadata == files.ca.read_bytes()
