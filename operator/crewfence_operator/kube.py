@@ -7,7 +7,6 @@ Objects go in and come out as plain dicts (camelCase keys, as the API serves the
 from __future__ import annotations
 
 import base64
-import functools
 import threading
 from typing import Any
 
@@ -20,15 +19,29 @@ MERGE_PATCH = "application/merge-patch+json"
 _lock = threading.Lock()
 
 
-@functools.cache
+_client: client.ApiClient | None = None
+
+
 def api_client() -> client.ApiClient:
     """One shared client: in-cluster credentials when present, else the kubeconfig."""
+    global _client
     with _lock:
-        try:
-            config.load_incluster_config()
-        except config.ConfigException:
-            config.load_kube_config()
-        return client.ApiClient()
+        if _client is None:
+            try:
+                config.load_incluster_config()
+            except config.ConfigException:
+                config.load_kube_config()
+            _client = client.ApiClient()
+        return _client
+
+
+def use_api_server(host: str) -> None:
+    """Point the helpers at another API server (tests against kmock)."""
+    global _client
+    configuration = client.Configuration()
+    configuration.host = host
+    with _lock:
+        _client = client.ApiClient(configuration)
 
 
 def core() -> client.CoreV1Api:

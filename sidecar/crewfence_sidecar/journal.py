@@ -130,12 +130,18 @@ class Journal:
 
     # --- opening ---------------------------------------------------------------------------
     @classmethod
-    def open(cls, path: Path | None, limits: JournalLimits, *, create: bool = True) -> Journal:
+    def open(cls, path: Path | None, limits: JournalLimits, *, create: bool = True,
+             readonly: bool = False) -> Journal:
         """Open (creating if allowed) and restore. ``path=None`` is an in-memory journal.
 
         The caller has already applied the file rules and holds the lock (fencing.py).
+        ``readonly`` (inspection) changes nothing: running records stay as they are.
         """
         started = time.monotonic()
+        if readonly:
+            if path is None or not path.exists():
+                raise JournalError(f"journal {path} does not exist")
+            return cls._open_readonly(path, limits, started)
         if path is not None:
             if not path.exists():
                 if not create:
@@ -162,6 +168,24 @@ class Journal:
         journal._restore(started)
         return journal
 
+    @classmethod
+    def _open_readonly(cls, path: Path, limits: JournalLimits, started: float) -> Journal:
+        try:
+            # mode=ro cannot open a WAL journal without its -shm file (we never have one);
+            # a read-write connection that refuses writes reads it, committed WAL included.
+            conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+            conn.row_factory = sqlite3.Row
+            conn.execute("PRAGMA locking_mode=EXCLUSIVE")
+            conn.execute("PRAGMA query_only=1")
+            meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+        except sqlite3.DatabaseError as exc:
+            raise JournalError(f"journal {path} is not a usable SQLite journal: {exc}") from None
+        if "journal_id" not in meta:
+            raise JournalError(f"journal {path} has no journal id")
+        journal = cls(conn, path, limits, str(meta["journal_id"]))
+        journal._restore(started, recover=False)
+        return journal
+
     @staticmethod
     def _ensure_meta(conn: sqlite3.Connection) -> str:
         rows = dict(conn.execute("SELECT key, value FROM meta").fetchall())
@@ -177,7 +201,7 @@ class Journal:
         conn.execute("COMMIT")
         return journal_id
 
-    def _restore(self, started: float) -> None:
+    def _restore(self, started: float, *, recover: bool = True) -> None:
         limits = self.limits
         name = self.path or "(memory)"
         rows = self._conn.execute("SELECT * FROM records").fetchall()
@@ -228,6 +252,8 @@ class Journal:
         self.records = records
         self._approx_bytes = self._file_bytes()
         recovered = [r.action_id for r in records.values() if r.status is Status.RUNNING]
+        if not recover:
+            recovered = []
         for action_id in recovered:
             self._recover_running(action_id)
         self.restore_report = RestoreReport(len(records), recovered,
@@ -294,6 +320,10 @@ class Journal:
                          operation=row["operation"], request_hash=row["request_hash"],
                          status=Status(row["status"]), archived_at=row["archived_at"],
                          uncertain_outcome=bool(row["uncertain_outcome"]))
+
+    def tombstones(self) -> list[Tombstone]:
+        rows = self._conn.execute("SELECT action_id FROM tombstones ORDER BY archived_at")
+        return [t for (aid,) in rows.fetchall() if (t := self.tombstone(aid)) is not None]
 
     def tombstone_count(self) -> int:
         return int(self._conn.execute("SELECT count(*) FROM tombstones").fetchone()[0])

@@ -3,8 +3,8 @@
 | operation          | mechanism                                                        |
 |--------------------|------------------------------------------------------------------|
 | ``run``            | native ``akickoff`` with crewai streaming; text chunks -> events |
-| ``batch_run``      | ``akickoff`` of one fresh crew per input in a TaskGroup (what    |
-|                    | ``akickoff_for_each`` does, minus its shared-LLM usage miscount)  |
+| ``batch_run``      | ``akickoff`` of one fresh crew per input in a TaskGroup, 8 at a  |
+|                    | time (``akickoff_for_each`` shares one LLM object between copies) |
 | ``replay``         | ``Crew.replay`` in a worker thread                               |
 | ``train``          | ``Crew.train`` in a worker thread, one at a time, feedback from  |
 |                    | the job input through a per-job HumanInputProvider               |
@@ -163,25 +163,39 @@ async def _run(catalog: CrewCatalog, ctx: ExecutionContext) -> Any:
     return crew_output(crew, streaming.result)
 
 
+BATCH_CONCURRENCY = 8
+
+
 async def _batch_run(catalog: CrewCatalog, ctx: ExecutionContext) -> Any:
-    # The equivalent of crewai's akickoff_for_each with a FRESH crew per input: its own
-    # crew.copy() shares one LLM object between the copies, so token usage is summed wrongly.
+    # The equivalent of crewai's akickoff_for_each with a FRESH crew per input (its own
+    # crew.copy() shares one LLM object between the copies, so token usage is summed wrongly)
+    # and at most BATCH_CONCURRENCY kickoffs at a time (it starts all inputs at once).
     inputs = [dict(item) for item in ctx.input["inputs"]]
-    crews = [await _build(catalog, ctx.crew_id) for _ in inputs]
-    async with asyncio.TaskGroup() as group:  # one failure cancels the siblings
-        jobs = [group.create_task(crew.akickoff(inputs=item))
-                for crew, item in zip(crews, inputs, strict=True)]
-    results = [job.result() for job in jobs]
+    slots = asyncio.Semaphore(BATCH_CONCURRENCY)
+
+    async def one(item: dict[str, Any]) -> CrewOutput:
+        async with slots:
+            crew = await _build(catalog, ctx.crew_id)
+            crew.stream = False
+            result = await crew.akickoff(inputs=item)
+            if not isinstance(result, CrewOutput):  # pragma: no cover - crewai contract
+                raise ExecutionError("batch_run: crewai returned no CrewOutput")
+            return result
+
+    try:
+        async with asyncio.TaskGroup() as group:  # one failure cancels the siblings
+            jobs = [group.create_task(one(item)) for item in inputs]
+    except ExceptionGroup as failed:
+        # Report the first input's own failure (the runtime records its class), not a group.
+        raise failed.exceptions[0] from failed
     # Like akickoff_for_each: batch outputs are not replayable, so clear the stored ones.
-    crews[0].reset_memories(command_type="kickoff_outputs")
-    outputs = [crew_output(None, r) for r in results if isinstance(r, CrewOutput)]
-    total = sum(out.get("token_usage", {}).get("total_tokens", 0) for out in outputs)
+    reset_crew = await _build(catalog, ctx.crew_id)
+    await asyncio.to_thread(reset_crew.reset_memories, command_type="kickoff_outputs")
+    outputs = [crew_output(None, job.result()) for job in jobs]
     output: dict[str, Any] = {"results": outputs}
-    if total:
-        output["token_usage"] = {
-            key: sum(out.get("token_usage", {}).get(key, 0) for out in outputs)
-            for key in outputs[0].get("token_usage", {})
-        }
+    usages = [out["token_usage"] for out in outputs if "token_usage" in out]
+    if usages:
+        output["token_usage"] = {key: sum(u.get(key, 0) for u in usages) for key in usages[0]}
     return output
 
 

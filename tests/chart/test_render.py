@@ -151,8 +151,8 @@ def test_generated_webhook_certificate_matches_ca_bundle(helm: Helm) -> None:
     ca_pem = base64.b64decode(secret["data"]["ca.crt"])
     vwc = one(docs, "ValidatingWebhookConfiguration")
     assert {w["name"] for w in vwc["webhooks"]} == {
-        "crew-state.crewfence.dev",
-        "pod-state-claims.crewfence.dev",
+        "validate-crew.crewfence.dev",
+        "validate-pod.crewfence.dev",
     }
     for hook in vwc["webhooks"]:
         assert base64.b64decode(hook["clientConfig"]["caBundle"]) == ca_pem

@@ -33,7 +33,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import aiohttp
-from harness import procs
+from aiohttp import web
+from harness import kubeletlogs, procs
 from harness.kubeapi import Api, ApiError, Obj
 from harness.podspec import (
     ConfigError,
@@ -68,6 +69,9 @@ class Options:
     node_name: str
     backoff_initial: float = 0.5
     backoff_max: float = 10.0
+    kubelet_port: int | None = None  # serve container logs to the API server (kubectl logs)
+    serving_cert: Path | None = None
+    serving_key: Path | None = None
 
 
 class IpPool:
@@ -536,6 +540,7 @@ class Runner:
         self.rwop_holders: dict[tuple[str, str], str] = {}
         self.unschedulable: dict[str, Obj] = {}
         self.shutting_down = False
+        self.log_server: web.AppRunner | None = None
         self.ca_pem = b""
         self.probe_session = aiohttp.ClientSession()
 
@@ -569,6 +574,13 @@ class Runner:
             config["clusters"][0]["cluster"]["certificate-authority-data"]
         )
         self._kill_leftovers()
+        if self.opts.kubelet_port and self.opts.serving_cert and self.opts.serving_key:
+            self.log_server = await kubeletlogs.start(
+                self.log_file,
+                self.opts.kubelet_port,
+                self.opts.serving_cert,
+                self.opts.serving_key,
+            )
         await self._register_node()
         watchers = [
             asyncio.create_task(self._watch_claims()),
@@ -576,6 +588,19 @@ class Runner:
         ]
         (self.opts.state_dir / "ready").write_text(f"{self.pool.prefix}0/24\n")
         await asyncio.gather(*watchers)
+
+    def log_file(
+        self, namespace: str, pod: str, container: str, previous: bool
+    ) -> tuple[Path, bool] | None:
+        worker = next(
+            (w for w in self.workers.values() if (w.ns, w.name) == (namespace, pod)), None
+        )
+        run = next((c for c in worker.containers if c.name == container), None) if worker else None
+        if worker is None or run is None:
+            return None
+        number = run.restart_count - 1 if previous else run.restart_count
+        running = run.proc is not None and not previous
+        return worker.dir / "logs" / f"{container}.{number}.log", running
 
     def _kill_leftovers(self) -> None:
         """Containers of a previous runner that died without stopping them."""
@@ -600,6 +625,8 @@ class Runner:
                 await asyncio.wait(pending, timeout=5)
         await self.probe_session.close()
         await self.api.close()
+        if self.log_server is not None:
+            await self.log_server.cleanup()
 
     async def _register_node(self) -> None:
         name = self.opts.node_name
@@ -637,6 +664,7 @@ class Runner:
                             "lastTransitionTime": now(),
                         },
                     ],
+                    "daemonEndpoints": {"kubeletEndpoint": {"Port": self.opts.kubelet_port or 0}},
                     "nodeInfo": {
                         "kubeletVersion": "podrunner",
                         "containerRuntimeVersion": "podrunner://0",
@@ -661,6 +689,8 @@ class Runner:
                 await self._on_pod(kind, pod)
             except (ApiError, aiohttp.ClientError, TimeoutError) as exc:
                 log(f"pod event {kind}: {exc}")
+            except Exception:  # one odd object must not take every pod down with the runner
+                traceback.print_exc()
 
     async def _on_pod(self, kind: str, pod: Obj) -> None:
         if kind == "SYNCED":
@@ -776,6 +806,8 @@ class Runner:
                     await self._bind_claim(claim)
                 except (ApiError, aiohttp.ClientError, TimeoutError) as exc:
                     log(f"binding claim {key}: {exc}")
+                except Exception:
+                    traceback.print_exc()
 
     def _claim_dir(self, claim: Obj) -> Path:
         meta = claim["metadata"]
@@ -885,6 +917,9 @@ def main() -> None:
     parser.add_argument("--node-name", default="crewfence-e2e-node")
     parser.add_argument("--backoff-initial", type=float, default=0.5)
     parser.add_argument("--backoff-max", type=float, default=10.0)
+    parser.add_argument("--kubelet-port", type=int, help="serve /containerLogs here (TLS)")
+    parser.add_argument("--serving-cert", type=Path)
+    parser.add_argument("--serving-key", type=Path)
     args = parser.parse_args()
     opts = Options(
         kubeconfig=args.kubeconfig,
@@ -892,6 +927,9 @@ def main() -> None:
         node_name=args.node_name,
         backoff_initial=args.backoff_initial,
         backoff_max=args.backoff_max,
+        kubelet_port=args.kubelet_port,
+        serving_cert=args.serving_cert,
+        serving_key=args.serving_key,
     )
     asyncio.run(amain(opts))
     log("stopped")

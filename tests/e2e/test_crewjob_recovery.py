@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import uuid
-from collections.abc import Iterator
 
 import pytest
 import yaml
@@ -27,7 +25,6 @@ from crewjob_support import (
     wait_phase,
     wait_warning,
 )
-from harness import controlplane
 from harness.handles import Cluster, Operator
 
 pytestmark = pytest.mark.slow
@@ -39,21 +36,12 @@ def research_crew(replicas: int) -> dict:
     return crew
 
 
-@pytest.fixture(scope="module")
-def recovery_ns(cluster: Cluster) -> Iterator[str]:
-    name = f"e2e-cj-recovery-{uuid.uuid4().hex[:6]}"
-    cluster.kubectl("create", "namespace", name, check=True)
-    controlplane.ensure_default_service_account(cluster.info, name)
-    yield name
-    cluster.kubectl("delete", "pods", "--all", "-n", name, "--wait=false")
-    cluster.kubectl("delete", "namespace", name, "--wait=false")
-
-
 @pytest.fixture
-def ns(cluster: Cluster, operator_process: Operator, recovery_ns: str) -> str:
-    assert apply_obj(cluster, research_crew(2), recovery_ns).returncode == 0
-    wait_crew_ready(cluster, recovery_ns, "research", 2)
-    return recovery_ns
+def ns(cluster: Cluster, operator_process: Operator, namespace: str) -> str:
+    """A fresh namespace and Crew per test: a broken replica cannot leak into the next test."""
+    assert apply_obj(cluster, research_crew(2), namespace).returncode == 0
+    wait_crew_ready(cluster, namespace, "research", 2)
+    return namespace
 
 
 def test_killed_pod_gives_an_uncertain_outcome_and_no_rerun(

@@ -78,6 +78,13 @@ def test_pod_runs_a_real_process_reachable_on_its_pod_ip(
     cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     assert b"http.server" in cmdline and ip.encode() in cmdline
 
+    def logged() -> bool:  # `kubectl logs` goes API server -> the pod runner's log endpoint
+        result = cluster.kubectl("logs", "web", "-n", namespace)
+        assert result.returncode == 0, result.stderr
+        return '"GET / HTTP/1.1" 200' in result.stdout
+
+    wait_until(logged, timeout=60, what="the request in kubectl logs")
+
 
 def test_sigkill_is_seen_as_a_restart(
     cluster: Cluster, pod_runner: PodRunner, namespace: str
@@ -99,6 +106,10 @@ def test_sigkill_is_seen_as_a_restart(
     assert obj["status"]["podIP"] == ip  # a restart keeps the pod (and its address)
     second = pod_runner.pid(namespace, "web")
     assert second is not None and second != first
+    previous = cluster.kubectl("logs", "web", "-n", namespace, "--previous")
+    assert previous.returncode == 0, previous.stderr
+    assert '"GET / HTTP/1.1" 200' in previous.stdout  # the probe's requests before the kill
+    assert previous.stdout == pod_runner.logs(namespace, "web", previous=True)
     assert http_get(f"http://{ip}:8000/") == 200
 
 

@@ -160,8 +160,10 @@ def test_crew_health(run_health, obj: dict[str, Any], expected: str) -> None:
     assert run_health(CREW, obj).status == expected
 
 
-def test_crew_fenced_replica_is_degraded(run_health) -> None:
-    obj = crew(ready("True", replicas=[replica(0, False), replica(1, True)]))
+@pytest.mark.parametrize("ready_status", ["True", "False"])
+def test_crew_fenced_replica_is_degraded(run_health, ready_status: str) -> None:
+    # The operator also sets Ready=False (ReplicaFenced); fencing must still win.
+    obj = crew(ready(ready_status, replicas=[replica(0, False), replica(1, True)]))
     health = run_health(CREW, obj)
     assert health.status == "Degraded"
     assert "research-1" in health.message and "fenced" in health.message

@@ -107,12 +107,27 @@ async def crew_daemon(
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:  # keep the daemon alive; the next pass retries
-                    logger.warning(f"Crew {key} reconcile pass failed: {exc!r}")
+                    if _namespace_terminating(exc):
+                        logger.debug(f"Crew {key}: namespace is terminating")
+                    else:
+                        logger.warning(f"Crew {key} reconcile pass failed: {_describe(exc)}")
                 await _pause(event, stopped, cfg.status_interval)
     finally:
         if _wakers.get(key) is event:
             del _wakers[key]
         metrics.observe_fenced_replicas(key, 0)
+
+
+def _namespace_terminating(exc: BaseException) -> bool:
+    return kube.is_status(exc, 403) and "being terminated" in str(getattr(exc, "body", ""))
+
+
+def _describe(exc: BaseException) -> str:
+    """A log-safe description: API errors by status and reason, never their request bodies."""
+    status = getattr(exc, "status", None)
+    if status is not None:
+        return f"{type(exc).__name__} HTTP {status} {getattr(exc, 'reason', '')}".strip()
+    return repr(exc)
 
 
 async def _pause(event: asyncio.Event, stopped: kopf.DaemonStopped, interval: float) -> None:

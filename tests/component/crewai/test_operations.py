@@ -107,6 +107,28 @@ async def test_run_with_sleep_marker_is_cancellable(
         crewai_event_bus.off(LLMCallFailedEvent, on_failed)
 
 
+async def test_concurrent_runs_stream_only_their_own_chunks(sample_catalog: Any) -> None:
+    from crewfence_sidecar.operations import ExecutionContext
+
+    sinks: dict[str, list[str]] = {}
+
+    def ctx(topic: str) -> ExecutionContext:
+        sinks[topic] = []
+
+        async def emit(data: dict[str, Any]) -> None:
+            sinks[topic].append(data["content"])
+
+        return ExecutionContext(crew_id="research", action_id=topic, operation="run",
+                                input={"topic": topic}, training_dir=None, emit_chunk=emit)
+
+    topics = ["otters", "badgers", "herons"]
+    outputs = await asyncio.gather(*(execute(sample_catalog, ctx(t)) for t in topics))
+    for topic, output in zip(topics, outputs, strict=True):
+        streamed = "".join(sinks[topic])
+        assert streamed == output["tasks"][0]["raw"] + output["raw"]
+        assert all(other not in streamed for other in topics if other != topic)
+
+
 async def test_run_of_a_declarative_hierarchical_crew(file_catalog: Any,
                                                       make_ctx: MakeCtx) -> None:
     output = await execute(file_catalog, make_ctx("manager", "run", {"topic": "risk"}))
@@ -130,6 +152,13 @@ async def test_batch_run(sample_catalog: Any, make_ctx: MakeCtx) -> None:
         assert result["tasks"][0]["name"] == "answer"
     assert output["token_usage"]["successful_requests"] == 3
     assert not KickoffTaskOutputsSQLiteStorage().load()  # batch outputs are not replayable
+
+
+async def test_batch_run_fails_with_the_failing_input_s_error(sample_catalog: Any,
+                                                             make_ctx: MakeCtx) -> None:
+    inputs = [{"topic": "fine"}, {"topic": "broken [[fail]]"}]
+    with pytest.raises(OfflineLLMFailure):
+        await execute(sample_catalog, make_ctx("single", "batch_run", {"inputs": inputs}))
 
 
 # --- replay --------------------------------------------------------------------------------------
@@ -278,6 +307,14 @@ async def test_memory_reset_knowledge(file_catalog: Any, make_ctx: MakeCtx) -> N
     again = await execute(file_catalog, make_ctx("research", "knowledge_query",
                                                  {"query": ["pods nodes"]}))
     assert again["results"][0]["content"].startswith("Kubernetes")
+
+
+async def test_memory_reset_all(file_catalog: Any, make_ctx: MakeCtx) -> None:
+    await execute(file_catalog, make_ctx("research", "run", {"topic": "all"}))
+    output = await execute(file_catalog, make_ctx("research", "memory_reset",
+                                                  {"command_type": "all"}))
+    assert output["reset"] is True
+    assert not KickoffTaskOutputsSQLiteStorage().load()
 
 
 async def test_memory_reset_of_a_missing_memory_fails(sample_catalog: Any,

@@ -19,7 +19,7 @@ os.environ.update({"CREWAI_DISABLE_TELEMETRY": "true", "CREWAI_TRACING_ENABLED":
                    "OTEL_SDK_DISABLED": "true", "CREWAI_DISABLE_TRACKING": "true"})
 sys.path.insert(0, str(Path(__file__).parent))
 
-from sidecar_helpers import ALL_OPS, TOKEN, write_crews  # noqa: E402
+from sidecar_helpers import ALL_OPS, TOKEN, write_crews
 
 
 @pytest.fixture(scope="session")
@@ -53,7 +53,6 @@ async def make_client(catalog: Any, crews_file: Path, state_dir: Path,
                       tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
     """make_client(env overrides) -> aiohttp TestClient of a real in-process sidecar."""
     from aiohttp.test_utils import TestClient, TestServer
-
     from crewfence_sidecar.config import load_config
     from crewfence_sidecar.server import build_sidecar, crewai_executor, open_journal
 

@@ -55,12 +55,6 @@ def write_crews(directory: Path) -> Path:
 
 
 
-def write_crews(directory: Path) -> Path:
-    path = directory / "crews.yaml"
-    path.write_text(CREWS_YAML)
-    return path
-
-
 def start_body(action_id: str, topic: str = "bees", crew_id: str = "research",
                operation: str = "run", input_: dict[str, Any] | None = None,
                **extra: Any) -> dict[str, Any]:

@@ -11,9 +11,8 @@ import asyncio
 from typing import Any
 
 import pytest
-from sidecar_helpers import AUTH, headers, llm_calls, start_body
-
 from crewfence_sidecar.contract import job_path
+from sidecar_helpers import AUTH, headers, llm_calls, start_body
 
 SLOW = "[[sleep:2]] slowly"
 
@@ -54,12 +53,13 @@ async def test_cancel_each_cancellable_operation_while_running(
         make_client: Any, operation: str, thread_backed: bool) -> None:
     c = await make_client()
     crew = "research"
-    inputs: dict[str, Any] = {
+    table: dict[str, dict[str, Any]] = {
         "run": {"topic": SLOW},
         "batch_run": {"inputs": [{"topic": SLOW}, {"topic": SLOW}]},
         "train": {"n_iterations": 1, "artifact_name": "cancelled", "inputs": {"topic": SLOW}},
         "test": {"n_iterations": 1, "eval_llm": "crewfence/offline", "inputs": {"topic": SLOW}},
-    }.get(operation, {})
+    }
+    inputs = table.get(operation, {})
     if operation == "replay":
         crew = "duo"
         inputs = {"task_id": await _replay_task_id(c), "inputs": {"topic": SLOW}}

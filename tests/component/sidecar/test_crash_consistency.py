@@ -22,14 +22,14 @@ import signal
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-from sidecar_helpers import AUTH, TOKEN, headers, start_body, wait_until, write_crews
-
 from crewfence_sidecar.contract import job_path
+from sidecar_helpers import AUTH, TOKEN, headers, start_body, wait_until, write_crews
 
 TRIALS = int(os.environ.get("CREWFENCE_CRASH_TRIALS", "50"))
 PER_TRIAL = 12
@@ -52,7 +52,8 @@ class Zygote:
         assert self.proc.stdin is not None
         self.proc.stdin.write(json.dumps(msg) + "\n")
         self.proc.stdin.flush()
-        return json.loads(self._read())  # type: ignore[no-any-return]
+        reply: dict[str, Any] = json.loads(self._read())
+        return reply
 
     def spawn(self, env: dict[str, str], log: Path) -> int:
         return int(self._send({"cmd": "spawn", "argv": [], "env": env, "log": str(log)})["pid"])
@@ -87,7 +88,7 @@ async def _admit(session: aiohttp.ClientSession, url: str, action_id: str,
             return action_id, r.status, body.get("request_hash")
     except aiohttp.ClientConnectorError:
         return action_id, -1, None  # never reached a server: must leave no record
-    except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError):
+    except (TimeoutError, aiohttp.ClientError, json.JSONDecodeError):
         return action_id, None, None  # no answer: the outcome is unknown, either is fine
 
 
@@ -127,6 +128,22 @@ async def _verify(session: aiohttp.ClientSession, url: str, acked: dict[str, str
     return counts
 
 
+async def _stream(session: aiohttp.ClientSession, url: str, jobs: list[tuple[str, str]],
+                  rng: random.Random) -> list[tuple[str, int | None, str | None]]:
+    out = []
+    for aid, topic in jobs:
+        out.append(await _admit(session, url, aid, topic))
+        if out[-1][1] == -1:
+            break  # the server is gone; the rest was never sent
+        await asyncio.sleep(rng.uniform(0, 0.1))  # pacing of the stream, not synchronisation
+    return out
+
+
+async def _kill_after(pid: int, seconds: float) -> None:
+    await asyncio.sleep(seconds)  # the random moment of the crash
+    os.kill(pid, signal.SIGKILL)
+
+
 @pytest.mark.slow
 async def test_sigkill_during_admissions(tmp_path: Path) -> None:
     seed = int(os.environ.get("CREWFENCE_CRASH_SEED", str(int(time.time()))))
@@ -154,7 +171,7 @@ async def test_sigkill_during_admissions(tmp_path: Path) -> None:
             for trial in range(TRIALS + 1):
                 log = tmp_path / f"trial-{trial}.log"
                 pid = zygote.spawn(env, log)
-                port = await asyncio.to_thread(wait_until, lambda: _listening_port(log), 60,
+                port = await asyncio.to_thread(wait_until, partial(_listening_port, log), 60,
                                                "the sidecar to listen")
                 url = f"http://127.0.0.1:{port}"
                 async with session.get(f"{url}/health") as r:
@@ -174,21 +191,9 @@ async def test_sigkill_during_admissions(tmp_path: Path) -> None:
                 topics = [rng.choice(["quick", "[[sleep:0.3]] slow", "[[sleep:2]] slower"])
                           for _ in ids]
                 kill_after = rng.uniform(0.0, 1.5)
-
-                async def stream() -> list[tuple[str, int | None, str | None]]:
-                    out = []
-                    for aid, topic in zip(ids, topics, strict=True):
-                        out.append(await _admit(session, url, aid, topic))
-                        if out[-1][1] == -1:
-                            break  # the server is gone; the rest was never sent
-                        await asyncio.sleep(rng.uniform(0, 0.1))  # pacing, not syncing
-                    return out
-
-                async def killer() -> None:
-                    await asyncio.sleep(kill_after)
-                    os.kill(pid, signal.SIGKILL)
-
-                results, _ = await asyncio.gather(stream(), killer())
+                results, _ = await asyncio.gather(
+                    _stream(session, url, list(zip(ids, topics, strict=True)), rng),
+                    _kill_after(pid, kill_after))
                 zygote.reap(pid)
                 for aid, status, digest in results:
                     if status is not None and 200 <= status < 300:

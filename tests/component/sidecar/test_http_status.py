@@ -9,9 +9,8 @@ import asyncio
 import json
 from typing import Any
 
-from sidecar_helpers import AUTH, headers, llm_calls, metric_value, start_body
-
 from crewfence_sidecar.contract import MAX_BODY_BYTES, job_path
+from sidecar_helpers import AUTH, headers, llm_calls, metric_value, start_body
 
 
 async def _wait_terminal(client: Any, action_id: str, timeout: float = 60) -> dict[str, Any]:

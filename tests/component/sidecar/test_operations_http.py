@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from sidecar_helpers import AUTH, headers, llm_calls, start_body
-
 from crewfence_sidecar.contract import job_path
+from sidecar_helpers import AUTH, headers, llm_calls, start_body
 
 
 async def _run(c: Any, action_id: str, crew_id: str, operation: str,

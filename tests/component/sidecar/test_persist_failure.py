@@ -20,10 +20,9 @@ from typing import Any
 
 import aiohttp
 import pytest
+from crewfence_sidecar.contract import job_path
 from sidecar_helpers import AUTH, SidecarProcess, headers, llm_calls, sidecar_env, start_body
 from sidecar_helpers import write_crews as write_crews_file
-
-from crewfence_sidecar.contract import job_path
 
 
 @contextlib.contextmanager
@@ -103,7 +102,7 @@ async def test_file_size_limit_fault_injection_gives_507(tmp_path: Path) -> None
     proc = SidecarProcess([], env, tmp_path / "limited.log")
     proc.proc = subprocess.Popen([proc_bin(), *proc.args], env=env, stdout=subprocess.DEVNULL,
                                  stderr=proc.log_path.open("wb"),
-                                 preexec_fn=_limit_file_size(limit))  # noqa: PLW1509
+                                 preexec_fn=_limit_file_size(limit))
     proc.wait_listening()
     try:
         async with aiohttp.ClientSession() as s:

@@ -16,10 +16,10 @@ import sys
 os.environ.update({"CREWAI_DISABLE_TELEMETRY": "true", "CREWAI_TRACING_ENABLED": "false",
                    "OTEL_SDK_DISABLED": "true", "CREWAI_DISABLE_TRACKING": "true"})
 
-import crewfence_sidecar.cli  # noqa: E402
-import crewfence_sidecar.crews  # noqa: E402, F401
-import crewfence_sidecar.operations  # noqa: E402, F401
-import crewfence_sidecar.server  # noqa: E402, F401
+import crewfence_sidecar.cli
+import crewfence_sidecar.crews
+import crewfence_sidecar.operations
+import crewfence_sidecar.server
 
 
 def _child(argv: list[str], env: dict[str, str], log: str) -> None:

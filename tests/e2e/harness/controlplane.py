@@ -155,6 +155,9 @@ def _start_apiserver(state_dir: Path, kube_bin: Path, p: pki.Pki, etcd_url: str)
             f"--service-account-issuer={ISSUER}",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
             "--authorization-mode=Node,RBAC",
+            # `kubectl logs` reaches the pod runner's log endpoint on the Node's InternalIP.
+            "--kubelet-preferred-address-types=InternalIP",
+            f"--kubelet-certificate-authority={p.ca_cert}",
             f"--enable-admission-plugins={ADMISSION_PLUGINS}",
             "--allow-privileged=true",
             # Endpoint validation rejects loopback addresses; nothing needs that Service here.
@@ -247,6 +250,9 @@ def start_pod_runner(info: ClusterInfo) -> None:
             f"--kubeconfig={info.kubeconfig}",
             f"--state-dir={state_dir / 'podrunner'}",
             f"--node-name={info.node_name}",
+            f"--kubelet-port={net.free_port()}",
+            f"--serving-cert={state_dir / 'pki' / 'kubelet.crt'}",
+            f"--serving-key={state_dir / 'pki' / 'kubelet.key'}",
         ],
     )
     ready = state_dir / "podrunner" / "ready"

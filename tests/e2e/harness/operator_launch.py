@@ -49,7 +49,9 @@ class OperatorLaunch:
 
 
 def operator_command(launch: OperatorLaunch) -> list[str]:
-    return [str(VENV_BIN / "crewfence-operator")]
+    # Everything else comes from CREWFENCE_OPERATOR_* (operator_env); the metrics address has
+    # only a flag.
+    return [str(VENV_BIN / "crewfence-operator"), "--metrics-addr", "127.0.0.1"]
 
 
 def operator_env(launch: OperatorLaunch) -> dict[str, str]:
@@ -64,7 +66,6 @@ def operator_env(launch: OperatorLaunch) -> dict[str, str]:
             "CREWFENCE_OPERATOR_NAMESPACES": ",".join(launch.namespaces),
             "CREWFENCE_OPERATOR_LIVENESS_PORT": str(launch.liveness_port),
             "CREWFENCE_OPERATOR_METRICS_PORT": str(launch.metrics_port),
-            "CREWFENCE_OPERATOR_METRICS_ADDR": "127.0.0.1",
             "CREWFENCE_OPERATOR_WEBHOOK_MODE": launch.webhook_mode,
             "CREWFENCE_OPERATOR_WEBHOOK_ADDR": "127.0.0.1",
             "CREWFENCE_OPERATOR_WEBHOOK_PORT": str(launch.webhook_port),

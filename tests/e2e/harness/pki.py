@@ -25,6 +25,8 @@ class Pki:
     admin_key: Path
     sa_key: Path
     sa_pub: Path
+    kubelet_cert: Path
+    kubelet_key: Path
 
 
 def _key_pem(key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey) -> bytes:
@@ -119,6 +121,8 @@ def generate(directory: Path) -> Pki:
         admin_key=directory / "admin.key",
         sa_key=directory / "sa.key",
         sa_pub=directory / "sa.pub",
+        kubelet_cert=directory / "kubelet.crt",
+        kubelet_key=directory / "kubelet.key",
     )
     _write(pki.ca_cert, ca_cert.public_bytes(serialization.Encoding.PEM), 0o644)
     _write(pki.ca_key, _key_pem(ca_key))
@@ -139,6 +143,15 @@ def generate(directory: Path) -> Pki:
     )
     _write(pki.admin_cert, cert, 0o644)
     _write(pki.admin_key, key)
+    # The pod runner's log endpoint (the kubelet API that `kubectl logs` goes through).
+    cert, key = issue_leaf(
+        ca_cert,
+        ca_key,
+        _name("system:node:crewfence-e2e-node", "system:nodes"),
+        server_names=("127.0.0.1", "localhost"),
+    )
+    _write(pki.kubelet_cert, cert, 0o644)
+    _write(pki.kubelet_key, key)
     sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     _write(pki.sa_key, _key_pem(sa_key))
     _write(

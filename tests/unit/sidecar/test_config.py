@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from crewfence_sidecar.config import BOUNDS, ConfigError, load_config
 from crewfence_sidecar.contract import Operation
 

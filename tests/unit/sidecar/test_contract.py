@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import Any
 
 import pytest
 import rfc8785
@@ -96,7 +97,7 @@ def test_ids_at_the_limit_are_accepted() -> None:
 
 
 # --- per-operation input -------------------------------------------------------------------
-GOOD_INPUTS = {
+GOOD_INPUTS: dict[c.Operation, dict[str, Any]] = {
     c.Operation.RUN: {"topic": "t"},
     c.Operation.BATCH_RUN: {"inputs": [{"topic": "a"}, {"topic": "b"}]},
     c.Operation.REPLAY: {"task_id": "abc", "inputs": {"topic": "a"}},
@@ -109,7 +110,7 @@ GOOD_INPUTS = {
 
 @pytest.mark.parametrize("op", list(c.Operation))
 def test_good_inputs_pass(op: c.Operation) -> None:
-    c.validate_operation_input(op, GOOD_INPUTS[op])
+    c.validate_operation_input(op, dict(GOOD_INPUTS[op]))
 
 
 @pytest.mark.parametrize("op, value", [
@@ -187,7 +188,7 @@ def test_hash_separates_keys_and_timeouts(value: dict[str, object], k1: str, k2:
 def test_hash_separates_inputs(v1: dict[str, object], v2: dict[str, object]) -> None:
     h1 = c.request_hash(c.StartRequest("c", "a", c.Operation.RUN, v1), "k")
     h2 = c.request_hash(c.StartRequest("c", "a", c.Operation.RUN, v2), "k")
-    assert (h1 == h2) == (rfc8785.dumps(v1) == rfc8785.dumps(v2))
+    assert (h1 == h2) == (rfc8785.dumps(v1) == rfc8785.dumps(v2))  # type: ignore[arg-type]
 
 
 def test_hash_of_unrepresentable_number_is_400() -> None:

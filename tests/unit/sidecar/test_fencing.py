@@ -6,7 +6,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from crewfence_sidecar.fencing import FencingError, acquire_lock, fence_journal, lock_path_for
 
 

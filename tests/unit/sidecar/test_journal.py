@@ -6,7 +6,6 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-
 from crewfence_sidecar.contract import JobRecord, Status
 from crewfence_sidecar.fencing import fence_journal
 from crewfence_sidecar.journal import Journal, JournalError, JournalFull, JournalLimits, utc_now

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-
 from crewfence_sidecar.contract import ContractError, Operation, StartRequest, Status
 from crewfence_sidecar.journal import Journal, JournalLimits
 from crewfence_sidecar.metrics import SidecarMetrics
@@ -52,7 +52,7 @@ class CountingExecutor:
 
 
 @pytest.fixture
-def journal(tmp_path: Path) -> Journal:
+def journal(tmp_path: Path) -> Iterator[Journal]:
     d = tmp_path / "s"
     d.mkdir(mode=0o700)
     j = Journal.open(d / "j.db", JournalLimits(max_retained_runs=5))

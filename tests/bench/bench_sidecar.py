@@ -1,0 +1,337 @@
+"""Sidecar benchmark: one run on this machine, on loopback, figures as ratios of one run.
+
+    .venv/bin/python tests/bench/bench_sidecar.py [--json out.json] [--quick]
+
+Prints a table of:
+- raw append+fsync latency of the state directory's filesystem;
+- durable admission latency (Prefer: respond-async) p50/p99 with 100 and with 10,000
+  retained records (two real sidecar processes, requests interleaved so both see the same
+  machine load);
+- exact-repeat latency;
+- a blocking `run` through the sidecar against the same offline crew built and kicked off
+  in-process with `akickoff` (interleaved);
+- restore time and RSS of a sidecar whose journal holds 10,000 records of 20 events each.
+
+Bars (exit status 1 when one fails): admission p50 at 10,000 <= 1.2x p50 at 100; sidecar
+run <= 1.2x in-process; restore of 10,000 records < 2 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+os.environ.update({"CREWAI_DISABLE_TELEMETRY": "true", "CREWAI_TRACING_ENABLED": "false",
+                   "OTEL_SDK_DISABLED": "true", "CREWAI_DISABLE_TRACKING": "true"})
+
+TOKEN = "bench-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+SIDECAR = str(Path(sys.executable).with_name("crewfence-sidecar"))
+CREWS = """\
+crews:
+  research:
+    agents:
+      researcher: {role: Researcher, goal: "Research {topic}", backstory: "Curious."}
+    tasks:
+      - {name: research, agent: researcher, description: "Research {topic}",
+         expected_output: "A summary"}
+"""
+
+
+def pct(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    k = max(0, min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1))))
+    return ordered[k]
+
+
+def ms(v: float) -> str:
+    return f"{v * 1000:.2f} ms"
+
+
+@dataclass
+class Proc:
+    proc: subprocess.Popen[bytes]
+    log: Path
+    port: int = 0
+    listening: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def rss_kib(self) -> int:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+        return 0
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(30)
+
+
+def start_sidecar(base: Path, name: str, journal: Path, crews: Path, **env: str) -> Proc:
+    log = base / f"{name}.log"
+    full = {k: v for k, v in os.environ.items() if not k.startswith("CREWFENCE_")}
+    full.update({"CREWFENCE_CREWS_FILE": str(crews), "CREWFENCE_STATE_FILE": str(journal),
+                 "CREWFENCE_HOST": "127.0.0.1", "CREWFENCE_PORT": "0",
+                 "CREWFENCE_TOKEN": TOKEN, "CREWAI_STORAGE_DIR": str(base / f"{name}-crewai"),
+                 "CREWFENCE_LOG_LEVEL": "WARNING"})
+    full.update(env)
+    with log.open("wb") as f:
+        proc = subprocess.Popen([SIDECAR], env=full, stdout=subprocess.DEVNULL, stderr=f)
+    return Proc(proc, log)
+
+
+def wait_listening(p: Proc, timeout: float = 120) -> Proc:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for line in p.log.read_text(errors="replace").splitlines():
+            if line.startswith("{") and '"listening"' in line:
+                p.listening = json.loads(line)
+                p.port = int(p.listening["port"])
+                return p
+        if p.proc.poll() is not None:
+            raise SystemExit(f"sidecar exited: {p.log.read_text()[-2000:]}")
+        time.sleep(0.05)
+    raise SystemExit("sidecar did not start")
+
+
+def private_dir(base: Path, name: str) -> Path:
+    d = base / name
+    d.mkdir(mode=0o700)
+    return d
+
+
+def build_journal(path: Path, records: int, events_per_record: int, running: int = 0) -> None:
+    """Bench setup: a journal of ``records`` records written in one fast transaction."""
+    from crewfence_sidecar.journal import Journal, JournalLimits, dumps, utc_now
+
+    Journal.open(path, JournalLimits(max_retained_runs=1_000_000)).close()
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA locking_mode=EXCLUSIVE")
+    conn.execute("PRAGMA journal_mode=WAL")
+    now = utc_now()
+    output = dumps({"raw": "Offline answer 0123456789abcdef: Research bees " * 4,
+                    "tasks": [{"id": str(uuid.uuid4()), "name": "research", "raw": "x" * 120}]})
+    rows, events = [], []
+    for i in range(records):
+        aid = f"bench/seed-{i:06d}"
+        status = "running" if i < running else "completed"
+        rows.append((aid, "research", "run", "%064x" % i, status, events_per_record,
+                     output if status == "completed" else "null", "null", 0, now, now))
+        for s in range(events_per_record):
+            name = "started" if s == 0 else ("completed" if s == events_per_record - 1
+                                             and status == "completed" else "chunk")
+            events.append((aid, s, name, dumps({"content": f"chunk {s} of the answer text",
+                                                "chunk_type": "text",
+                                                "agent_role": "Researcher"})))
+    with conn:
+        conn.executemany("INSERT INTO records VALUES (?,?,?,?,?,?,?,?,?,?,?)", rows)
+        conn.executemany("INSERT INTO events VALUES (?,?,?,?)", events)
+    conn.close()
+
+
+def bench_fsync(directory: Path, n: int) -> list[float]:
+    path = directory / "fsync-probe"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    payload = b"x" * 256
+    out = []
+    try:
+        for _ in range(n):
+            t = time.perf_counter()
+            os.write(fd, payload)
+            os.fsync(fd)
+            out.append(time.perf_counter() - t)
+    finally:
+        os.close(fd)
+        path.unlink()
+    return out
+
+
+async def admit(session: aiohttp.ClientSession, url: str, action_id: str, topic: str,
+                key: str, async_: bool = True) -> tuple[float, int]:
+    headers = {**AUTH, "Idempotency-Key": key}
+    if async_:
+        headers["Prefer"] = "respond-async"
+    body = {"crew_id": "research", "action_id": action_id, "operation": "run",
+            "input": {"topic": topic}}
+    t = time.perf_counter()
+    async with session.post(f"{url}/jobs", json=body, headers=headers) as r:
+        await r.read()
+        return time.perf_counter() - t, r.status
+
+
+async def run_benchmarks(args: argparse.Namespace, base: Path) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    crews = base / "crews.yaml"
+    crews.write_text(CREWS)
+    n_adm = 60 if args.quick else 300
+    n_run = 5 if args.quick else 20
+
+    # 1. raw append + fsync
+    state_fs = private_dir(base, "fsync")
+    raw = bench_fsync(state_fs, 100 if args.quick else 500)
+    results["fsync_p50"], results["fsync_p99"] = pct(raw, 50), pct(raw, 99)
+
+    # 2. admission with 100 vs 10,000 retained records (two processes, interleaved)
+    small_dir, big_dir = private_dir(base, "small"), private_dir(base, "big")
+    big_n = 10_000
+    build_journal(small_dir / "journal.db", 100 - 1, 2)
+    build_journal(big_dir / "journal.db", big_n - 1, 2)
+    common = {"CREWFENCE_MAX_CONCURRENCY": "1", "CREWFENCE_MAX_RETAINED_RUNS": "20000"}
+    small = start_sidecar(base, "small", small_dir / "journal.db", crews, **common)
+    big = start_sidecar(base, "big", big_dir / "journal.db", crews, **common)
+    try:
+        wait_listening(small)
+        wait_listening(big)
+        async with aiohttp.ClientSession() as s:
+            # occupy the only slot with a long job: the measured admissions then queue, so
+            # the figure is admission (validate, hash, durable insert), not crewai execution
+            for p in (small, big):
+                await admit(s, p.url, "hog", "[[sleep:3600]] hog", "hog")
+            lat: dict[str, list[float]] = {"small": [], "big": []}
+            for i in range(n_adm):
+                for name, p in (("small", small), ("big", big)) if i % 2 else \
+                        (("big", big), ("small", small)):
+                    dt, status = await admit(s, p.url, f"adm-{i}", f"t{i}", f"k{i}")
+                    assert status == 202, status
+                    lat[name].append(dt)
+            # 3. exact repeat (on the big journal)
+            rep = []
+            for i in range(n_adm):
+                dt, status = await admit(s, big.url, f"adm-{i % 10}", f"t{i % 10}",
+                                         f"k{i % 10}")
+                assert status == 200 or status == 202, status
+                rep.append(dt)
+            async with s.get(f"{big.url}/health") as r:
+                retained = (await r.json())["retained_runs"]
+        results.update({
+            "adm100_p50": pct(lat["small"], 50), "adm100_p99": pct(lat["small"], 99),
+            "adm10k_p50": pct(lat["big"], 50), "adm10k_p99": pct(lat["big"], 99),
+            "repeat_p50": pct(rep, 50), "repeat_p99": pct(rep, 99),
+            "retained_big": retained,
+        })
+    finally:
+        small.stop()
+        big.stop()
+
+    # 4. blocking run through the sidecar vs in-process akickoff (interleaved)
+    run_dir = private_dir(base, "run")
+    runner = start_sidecar(base, "run", run_dir / "journal.db", crews)
+    os.environ["CREWAI_STORAGE_DIR"] = str(base / "inproc-crewai")
+    from crewfence_sidecar.crews import CrewCatalog
+
+    catalog = CrewCatalog.load(None, crews)
+    try:
+        wait_listening(runner)
+        side: list[float] = []
+        inproc: list[float] = []
+        async with aiohttp.ClientSession() as s:
+            # warm both paths once
+            await admit(s, runner.url, "warm", "warm", "warm", async_=False)
+            await catalog.build("research").akickoff(inputs={"topic": "warm"})
+            for i in range(n_run):
+                dt, status = await admit(s, runner.url, f"run-{i}", f"topic {i}", f"r{i}",
+                                         async_=False)
+                assert status == 200, status
+                side.append(dt)
+                t = time.perf_counter()
+                crew = catalog.build("research")
+                await crew.akickoff(inputs={"topic": f"topic {i}"})
+                inproc.append(time.perf_counter() - t)
+        results.update({"run_sidecar_p50": pct(side, 50), "run_inproc_p50": pct(inproc, 50),
+                        "run_sidecar_mean": statistics.fmean(side),
+                        "run_inproc_mean": statistics.fmean(inproc)})
+    finally:
+        runner.stop()
+
+    # 5. restore time and RSS: 10,000 records x 20 events (100 of them running)
+    empty_dir, full_dir = private_dir(base, "empty"), private_dir(base, "full")
+    build_journal(full_dir / "journal.db", 10_000, 20, running=100)
+    results["journal_bytes_10k"] = (full_dir / "journal.db").stat().st_size
+    empty = start_sidecar(base, "empty", empty_dir / "journal.db", crews)
+    full = start_sidecar(base, "full", full_dir / "journal.db", crews,
+                         CREWFENCE_MAX_RETAINED_RUNS="10000",
+                         CREWFENCE_LOG_LEVEL="INFO")
+    try:
+        wait_listening(empty)
+        wait_listening(full)
+        results.update({
+            "restore_seconds": float(full.listening["seconds"]),
+            "restore_recovered": int(full.listening["recovered"]),
+            "rss_empty_kib": empty.rss_kib(), "rss_10k_kib": full.rss_kib(),
+        })
+    finally:
+        empty.stop()
+        full.stop()
+    return results
+
+
+def report(r: dict[str, Any]) -> bool:
+    adm_ratio = r["adm10k_p50"] / r["adm100_p50"]
+    run_ratio = r["run_sidecar_p50"] / r["run_inproc_p50"]
+    rows = [
+        ("raw append+fsync (state fs)", f"p50 {ms(r['fsync_p50'])}", f"p99 {ms(r['fsync_p99'])}",
+         ""),
+        ("admission, 100 retained", f"p50 {ms(r['adm100_p50'])}", f"p99 {ms(r['adm100_p99'])}",
+         ""),
+        (f"admission, {r['retained_big']} retained", f"p50 {ms(r['adm10k_p50'])}",
+         f"p99 {ms(r['adm10k_p99'])}", f"ratio {adm_ratio:.2f}x (bar <= 1.2x)"),
+        ("exact repeat (10k journal)", f"p50 {ms(r['repeat_p50'])}",
+         f"p99 {ms(r['repeat_p99'])}", ""),
+        ("blocking run via sidecar", f"p50 {ms(r['run_sidecar_p50'])}",
+         f"mean {ms(r['run_sidecar_mean'])}", f"ratio {run_ratio:.2f}x (bar <= 1.2x)"),
+        ("same crew in-process akickoff", f"p50 {ms(r['run_inproc_p50'])}",
+         f"mean {ms(r['run_inproc_mean'])}", ""),
+        ("restore 10,000 records x 20 events", f"{r['restore_seconds']:.3f} s",
+         f"{r['restore_recovered']} running->failed", "bar < 2 s"),
+        ("RSS after start: empty / 10k journal", f"{r['rss_empty_kib'] / 1024:.1f} MiB",
+         f"{r['rss_10k_kib'] / 1024:.1f} MiB",
+         f"+{(r['rss_10k_kib'] - r['rss_empty_kib']) / 1024:.1f} MiB; journal "
+         f"{r['journal_bytes_10k'] / 1024 / 1024:.1f} MiB"),
+    ]
+    width = max(len(x[0]) for x in rows)
+    print(f"{'measure':<{width}}  {'figure':<14} {'second':<22} note")
+    for name, a, b, note in rows:
+        print(f"{name:<{width}}  {a:<14} {b:<22} {note}")
+    ok = adm_ratio <= 1.2 and run_ratio <= 1.2 and r["restore_seconds"] < 2.0
+    r.update({"admission_ratio": adm_ratio, "run_ratio": run_ratio, "bars_met": ok})
+    print("bars:", "met" if ok else "NOT met")
+    return ok
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--json", help="also write the figures as JSON here")
+    parser.add_argument("--quick", action="store_true", help="fewer samples (smoke run)")
+    parser.add_argument("--dir", help="state directory to measure (default: a temp dir)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="crewfence-bench-", dir=args.dir) as tmp:
+        base = Path(tmp)
+        os.chmod(base, 0o700)
+        results = asyncio.run(run_benchmarks(args, base))
+    ok = report(results)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""The operator with exactly the RBAC in crewfence_operator.rbac (a real ServiceAccount token):
+it reconciles a Crew and serves the webhook, and nothing it does is forbidden."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from crewfence_operator import rbac
+from harness.handles import Cluster, Operator, wait_until
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "crew-research.yaml"
+
+
+@pytest.fixture
+def operator_account(cluster: Cluster) -> Iterator[str]:
+    suffix = uuid.uuid4().hex[:6]
+    ns, name = f"crewfence-rbac-{suffix}", "crewfence-operator"
+    role = f"crewfence-operator-{suffix}"
+    cluster.kubectl("create", "namespace", ns, check=True)
+    cluster.kubectl("create", "serviceaccount", name, "-n", ns, check=True)
+    cluster.apply(yaml.safe_dump({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": role}, "rules": rbac.rules(managed_webhook=True)}))
+    cluster.apply(yaml.safe_dump({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": role},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                    "name": role},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ns}]}))
+    yield f"{ns}:{name}"
+    cluster.kubectl("delete", "clusterrolebinding", role, "--wait=false")
+    cluster.kubectl("delete", "clusterrole", role, "--wait=false")
+    cluster.kubectl("delete", "namespace", ns, "--wait=false")
+
+
+def test_operator_works_with_exactly_its_rbac(
+    cluster: Cluster, operator_factory: Callable[..., Operator], operator_account: str,
+    namespace: str,
+) -> None:
+    # The account may not do more than the rules say (e.g. list Secrets).
+    denied = cluster.kubectl("auth", "can-i", "list", "secrets", "-n", namespace,
+                             as_sa=operator_account)
+    assert denied.stdout.strip() == "no"
+    log_path = cluster.state_dir / "logs" / "operator.log"
+    offset = log_path.stat().st_size if log_path.exists() else 0  # earlier operators' lines
+    operator = operator_factory(service_account=operator_account)
+    crew = yaml.safe_load(EXAMPLE.read_text())
+    crew["spec"]["replicas"] = 1
+    crew["metadata"]["namespace"] = namespace
+    cluster.apply(crew)
+    wait_until(lambda: ((cluster.get_json("crew", "research", "-n", namespace) or {})
+                        .get("status") or {}).get("readyReplicas") == 1,
+               timeout=180, what="the Crew ready under the operator's own RBAC")
+    rejected = cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "peek", "namespace": namespace},
+        "spec": {"containers": [{"name": "c", "image": "busybox", "command": ["true"]}],
+                 "volumes": [{"name": "s",
+                              "persistentVolumeClaim": {"claimName": "research-state-0"}}]}}))
+    assert rejected.returncode != 0 and '"research-state-0"' in rejected.stderr
+    logs = operator.logs()[offset:]
+    assert "Forbidden" not in logs and " 403" not in logs, logs[-3000:]
