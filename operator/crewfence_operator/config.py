@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from crewfence_operator import constants as c
+from crewfence_operator.crew.spec import JournalBounds
 
 ENV_PREFIX = "CREWFENCE_OPERATOR_"
 
@@ -53,6 +54,8 @@ class OperatorConfig:
     health_timeout: float = 3.0
     """Seconds to wait for a replica's /health."""
     webhook: WebhookConfig = field(default_factory=WebhookConfig)
+    journal_defaults: JournalBounds = field(default_factory=JournalBounds)
+    """Journal bounds for Crews that do not set spec.journal (the sidecar's own otherwise)."""
     verbose: bool = False
 
     @classmethod
@@ -70,6 +73,10 @@ class OperatorConfig:
         def get_float(name: str, default: float) -> float:
             value = get(name)
             return default if value is None else float(value)
+
+        def get_opt_int(name: str) -> int | None:
+            value = get(name)
+            return None if value is None else int(value)
 
         def get_bool(name: str, default: bool) -> bool:
             value = get(name)
@@ -98,6 +105,13 @@ class OperatorConfig:
             audit_interval=get_float("AUDIT_INTERVAL", 15.0),
             health_timeout=get_float("HEALTH_TIMEOUT", 3.0),
             webhook=webhook,
+            journal_defaults=JournalBounds(
+                max_retained_runs=get_opt_int("SIDECAR_MAX_RETAINED_RUNS"),
+                max_events_per_run=get_opt_int("SIDECAR_MAX_EVENTS_PER_RUN"),
+                max_event_bytes=get_opt_int("SIDECAR_MAX_EVENT_BYTES"),
+                max_state_bytes=get_opt_int("SIDECAR_MAX_STATE_BYTES"),
+                max_concurrency=get_opt_int("SIDECAR_MAX_CONCURRENCY"),
+            ),
             verbose=get_bool("VERBOSE", False),
         )
 

@@ -35,6 +35,13 @@ def api_client() -> client.ApiClient:
         return _client
 
 
+def reset() -> None:
+    """Forget the client (the next call loads credentials again)."""
+    global _client
+    with _lock:
+        _client = None
+
+
 def use_api_server(host: str) -> None:
     """Point the helpers at another API server (tests against kmock)."""
     global _client
@@ -103,6 +110,22 @@ def create_if_absent(body: dict[str, Any]) -> bool:
         creators[kind](ns, body)
     except ApiException as exc:
         if exc.status == 409:
+            return False
+        raise
+    return True
+
+
+def exists(kind: str, namespace: str, name: str) -> bool:
+    """A GET (a read, unlike a create that answers 409): is this core object there?"""
+    api = core()
+    readers = {
+        "Secret": api.read_namespaced_secret,
+        "Service": api.read_namespaced_service,
+    }
+    try:
+        readers[kind](name, namespace)
+    except ApiException as exc:
+        if exc.status == 404:
             return False
         raise
     return True

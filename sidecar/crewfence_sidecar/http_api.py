@@ -71,11 +71,14 @@ def _error(status: int, code: str, message: str, **extra: Any) -> web.Response:
 # --- middlewares ---------------------------------------------------------------------------
 @web.middleware
 async def errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    metrics = request.app[RUNTIME_KEY].metrics
     try:
         return await handler(request)
     except ContractError as err:
+        metrics.rejection(err.code)
         return _error(err.status, err.code, err.message)
     except web.HTTPRequestEntityTooLarge:
+        metrics.rejection("body_too_large")
         return _error(413, "body_too_large", f"the body is over {MAX_BODY_BYTES} bytes")
     except web.HTTPException as exc:
         if exc.status < 400:
@@ -94,11 +97,11 @@ def auth_middleware(token: str | None) -> Callable[..., Awaitable[web.StreamResp
             return await handler(request)
         header = request.headers.get("Authorization", "")
         scheme, _, credential = header.partition(" ")
-        if scheme.lower() != "bearer" or not credential.strip():
-            return _error(401, "unauthenticated", "a bearer token is required")
         presented = credential.strip().encode("utf-8", "surrogateescape")
-        if not hmac.compare_digest(presented, expected):
-            return _error(401, "unauthenticated", "the bearer token is not valid")
+        if scheme.lower() != "bearer" or not presented or \
+                not hmac.compare_digest(presented, expected):
+            request.app[RUNTIME_KEY].metrics.rejection("unauthenticated")
+            return _error(401, "unauthenticated", "a valid bearer token is required")
         return await handler(request)
 
     return middleware

@@ -98,14 +98,23 @@ def dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
-def _record_from_row(row: sqlite3.Row) -> JobRecord:
+_STATUS = {s.value: s for s in Status}
+
+
+def _record_from_row(row: tuple[Any, ...]) -> JobRecord:
+    """A record without its output (decoded lazily by Journal.get: restore stays fast)."""
+    (action_id, crew_id, operation, request_hash, status, event_count, error,
+     uncertain, created_at, updated_at) = row
     return JobRecord(
-        action_id=row["action_id"], crew_id=row["crew_id"], operation=row["operation"],
-        request_hash=row["request_hash"], status=Status(row["status"]),
-        event_count=row["event_count"], output=json.loads(row["output"]),
-        error=json.loads(row["error"]), uncertain_outcome=bool(row["uncertain_outcome"]),
-        created_at=row["created_at"], updated_at=row["updated_at"],
+        action_id=action_id, crew_id=crew_id, operation=operation,
+        request_hash=request_hash, status=_STATUS[status], event_count=int(event_count),
+        output=None, error=None if error == "null" else json.loads(error),
+        uncertain_outcome=bool(uncertain), created_at=created_at, updated_at=updated_at,
     )
+
+
+_RECORD_COLUMNS = ("action_id, crew_id, operation, request_hash, status, event_count, error, "
+                   "uncertain_outcome, created_at, updated_at")
 
 
 @dataclass(frozen=True)
@@ -125,7 +134,7 @@ class Journal:
         self.limits = limits
         self.journal_id = journal_id
         self.records: dict[str, JobRecord] = {}
-        self._approx_bytes = 0
+        self._unloaded: set[str] = set()
         self.restore_report = RestoreReport(0, [], 0.0)
 
     # --- opening ---------------------------------------------------------------------------
@@ -204,17 +213,17 @@ class Journal:
     def _restore(self, started: float, *, recover: bool = True) -> None:
         limits = self.limits
         name = self.path or "(memory)"
-        rows = self._conn.execute("SELECT * FROM records").fetchall()
-        if len(rows) > limits.max_retained_runs:
-            raise JournalError(f"journal {name} holds {len(rows)} records, more than "
+        count = self._conn.execute("SELECT count(*) FROM records").fetchone()[0]
+        if count > limits.max_retained_runs:
+            raise JournalError(f"journal {name} holds {count} records, more than "
                                f"CREWFENCE_MAX_RETAINED_RUNS={limits.max_retained_runs}")
+        rows = self._conn.execute(f"SELECT {_RECORD_COLUMNS} FROM records").fetchall()
         records: dict[str, JobRecord] = {}
         for row in rows:
             try:
-                record = _record_from_row(row)
+                record = _record_from_row(tuple(row))
             except (ValueError, KeyError, TypeError):
-                raise JournalError(f"journal {name}: record {row['action_id']!r} is "
-                                   "malformed") from None
+                raise JournalError(f"journal {name}: record {row[0]!r} is malformed") from None
             if record.action_id in records:
                 raise JournalError(f"journal {name}: duplicate action id "
                                    f"{record.action_id!r}")
@@ -250,22 +259,27 @@ class Journal:
             if action_id not in seen and record.event_count != 0:
                 raise JournalError(f"journal {name}: action {action_id!r} lost its events")
         self.records = records
-        self._approx_bytes = self._file_bytes()
+        self._unloaded = {r.action_id for r in records.values() if r.terminal}
         recovered = [r.action_id for r in records.values() if r.status is Status.RUNNING]
-        if not recover:
-            recovered = []
-        for action_id in recovered:
-            self._recover_running(action_id)
-        self.restore_report = RestoreReport(len(records), recovered,
+        if recover and recovered:
+            try:
+                self._recover_running(recovered)
+            except PersistError as exc:
+                raise JournalError(f"journal {name}: cannot record the recovery of running "
+                                   f"records: {exc}") from None
+        self.restore_report = RestoreReport(len(records), recovered if recover else [],
                                             time.monotonic() - started)
 
-    def _recover_running(self, action_id: str) -> None:
-        """A restored running record cannot resume: failed, with an uncertain outcome."""
+    def _recover_running(self, action_ids: list[str]) -> None:
+        """Restored running records cannot resume: failed, uncertain (one transaction)."""
         error = {"code": "sidecar_restarted",
                  "message": "the sidecar restarted while this job was running; whether its "
                             "work finished or had external effects is unknown"}
-        self.finish(action_id, Status.FAILED, output=None, error=error, uncertain=True,
-                    event_data={"reason": "sidecar_restarted"})
+        with self._tx():
+            for action_id in action_ids:
+                self.finish(action_id, Status.FAILED, output=None, error=error,
+                            uncertain=True, event_data={"reason": "sidecar_restarted"},
+                            _in_tx=True)
 
     # --- sizes -----------------------------------------------------------------------------
     def _file_bytes(self) -> int:
@@ -289,9 +303,14 @@ class Journal:
 
     # --- transactions ----------------------------------------------------------------------
     @contextlib.contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
+    def _tx(self, *, fsync: bool = True) -> Iterator[sqlite3.Connection]:
+        """One transaction. ``fsync=False`` (chunk events only) commits without syncing the
+        WAL: safe against a process crash, and the next durable commit (the terminal event)
+        syncs the whole WAL, those frames included; only a power loss could drop them."""
         conn = self._conn
         try:
+            if not fsync:
+                conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
             raise PersistError(f"journal cannot begin a transaction: {exc}") from exc
@@ -306,10 +325,20 @@ class Journal:
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
             raise
+        finally:
+            if not fsync:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("PRAGMA synchronous=FULL")
 
     # --- reads -----------------------------------------------------------------------------
     def get(self, action_id: str) -> JobRecord | None:
-        return self.records.get(action_id)
+        record = self.records.get(action_id)
+        if record is not None and action_id in self._unloaded:
+            row = self._conn.execute("SELECT output FROM records WHERE action_id = ?",
+                                     (action_id,)).fetchone()
+            record.output = json.loads(row[0]) if row is not None else None
+            self._unloaded.discard(action_id)
+        return record
 
     def tombstone(self, action_id: str) -> Tombstone | None:
         row = self._conn.execute("SELECT * FROM tombstones WHERE action_id = ?",
@@ -374,7 +403,7 @@ class Journal:
         self._check_room(len(encoded))
         seq = record.event_count
         now = utc_now()
-        with self._tx() as conn:
+        with self._tx(fsync=False) as conn:
             conn.execute("INSERT INTO events VALUES (?, ?, ?, ?)",
                          (action_id, seq, name, encoded))
             conn.execute("UPDATE records SET event_count = ?, updated_at = ? "
@@ -384,7 +413,7 @@ class Journal:
         return JobEvent(event=name, sequence=seq, data=data)
 
     def finish(self, action_id: str, status: Status, *, output: Any, error: Any,
-               uncertain: bool, event_data: dict[str, Any]) -> JobEvent:
+               uncertain: bool, event_data: dict[str, Any], _in_tx: bool = False) -> JobEvent:
         """Make a running record terminal together with its terminal event (one transaction).
 
         The terminal event always fits: one slot is reserved and an oversized event body is
@@ -409,7 +438,7 @@ class Journal:
         now = utc_now()
         output_text = dumps(output)
         error_text = dumps(error)
-        with self._tx() as conn:
+        with contextlib.nullcontext(self._conn) if _in_tx else self._tx() as conn:
             conn.execute("INSERT INTO events VALUES (?, ?, ?, ?)",
                          (action_id, seq, name, encoded))
             conn.execute(
@@ -441,6 +470,7 @@ class Journal:
                          (stone.action_id, stone.crew_id, stone.operation, stone.request_hash,
                           stone.status.value, int(stone.uncertain_outcome), stone.archived_at))
         del self.records[action_id]
+        self._unloaded.discard(action_id)
         return stone
 
     def close(self) -> None:

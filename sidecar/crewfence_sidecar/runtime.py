@@ -133,12 +133,9 @@ class Runtime:
 
     async def admit(self, req: StartRequest, raw_key: str | None) -> Admission:
         """Admit a start request; raises ContractError, Gone or JournalUnavailable."""
-        try:
-            key = validate_idempotency_key(raw_key)
-            digest = request_hash(req, key)
-        except ContractError as err:
-            self.metrics.rejection(err.code)
-            raise
+        # ContractErrors are counted by the HTTP layer (rejections_total{code}).
+        key = validate_idempotency_key(raw_key)
+        digest = request_hash(req, key)
         async with self._action_lock(req.action_id):
             existing = self.journal.get(req.action_id)
             if existing is not None:
@@ -156,11 +153,7 @@ class Runtime:
                                         "this archived action id had a different request")
                 self.metrics.rejection("archived")
                 raise Gone(stone)
-            try:
-                self._check_admissible(req)
-            except ContractError as err:
-                self.metrics.rejection(err.code)
-                raise
+            self._check_admissible(req)
             record = self._persist_admission(req, digest)
             self._start(record, req)
             self.metrics.admission(req.operation.value)

@@ -121,7 +121,7 @@ def run(jobs: int, state_dir: Path) -> dict[str, Any]:
 
     last_adm = [adm_before, started]
 
-    def all_terminal() -> dict[str, str] | None:
+    def all_terminal() -> dict[str, Any] | None:
         adm = admissions(cluster, NAMESPACE)
         if adm > last_adm[0]:
             last_adm[:] = [adm, time.monotonic()]

@@ -91,8 +91,7 @@ def start_sidecar(base: Path, name: str, journal: Path, crews: Path, **env: str)
     full = {k: v for k, v in os.environ.items() if not k.startswith("CREWFENCE_")}
     full.update({"CREWFENCE_CREWS_FILE": str(crews), "CREWFENCE_STATE_FILE": str(journal),
                  "CREWFENCE_HOST": "127.0.0.1", "CREWFENCE_PORT": "0",
-                 "CREWFENCE_TOKEN": TOKEN, "CREWAI_STORAGE_DIR": str(base / f"{name}-crewai"),
-                 "CREWFENCE_LOG_LEVEL": "WARNING"})
+                 "CREWFENCE_TOKEN": TOKEN, "CREWAI_STORAGE_DIR": str(base / f"{name}-crewai")})
     full.update(env)
     with log.open("wb") as f:
         proc = subprocess.Popen([SIDECAR], env=full, stdout=subprocess.DEVNULL, stderr=f)
@@ -268,8 +267,7 @@ async def run_benchmarks(args: argparse.Namespace, base: Path) -> dict[str, Any]
     results["journal_bytes_10k"] = (full_dir / "journal.db").stat().st_size
     empty = start_sidecar(base, "empty", empty_dir / "journal.db", crews)
     full = start_sidecar(base, "full", full_dir / "journal.db", crews,
-                         CREWFENCE_MAX_RETAINED_RUNS="10000",
-                         CREWFENCE_LOG_LEVEL="INFO")
+                         CREWFENCE_MAX_RETAINED_RUNS="10000")
     try:
         wait_listening(empty)
         wait_listening(full)

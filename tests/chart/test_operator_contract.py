@@ -116,3 +116,15 @@ def test_webhook_configuration_routes_to_the_operators_handlers(helm: Helm) -> N
             set(rule["operations"]),
         )
     assert served == handlers
+
+
+def test_sidecar_port_and_labels_match_the_operator(helm: Helm) -> None:
+    from crewfence_operator import constants as c
+
+    docs = helm.render({"metrics.podMonitor.enabled": True})
+    policy = find(docs, "NetworkPolicy")[0]["spec"]
+    assert policy["ingress"][0]["ports"] == [{"protocol": "TCP", "port": c.SIDECAR_PORT}]
+    assert policy["podSelector"]["matchLabels"] == {c.LABEL_MANAGED_BY: c.MANAGED_BY_VALUE}
+    assert policy["podSelector"]["matchExpressions"][0]["key"] == c.LABEL_CREW
+    endpoint = one(docs, "PodMonitor")["spec"]["podMetricsEndpoints"][0]
+    assert endpoint["port"] == c.SIDECAR_PORT_NAME

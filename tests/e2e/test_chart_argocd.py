@@ -80,8 +80,17 @@ def test_hook_merges_health_checks_into_argocd_cm(cluster: Cluster, tmp_path: Pa
             *values,
         )
         version = json.loads(cluster.kubectl("get", "--raw", "/version", check=True).stdout)
-        template = run_helm(cluster, "template", release, str(CHART), "-n", namespace,
-                            "--kube-version", version["gitVersion"], *values)
+        template = run_helm(
+            cluster,
+            "template",
+            release,
+            str(CHART),
+            "-n",
+            namespace,
+            "--kube-version",
+            version["gitVersion"],
+            *values,
+        )
         rendered = [d for d in yaml.safe_load_all(template) if d]
         job = next(d for d in rendered if d["kind"] == "Job")
         source = next(

@@ -185,6 +185,19 @@ def forbidden_lines(operator: Operator, namespace: str) -> list[str]:
     ]
 
 
+def wait_for_rbac(cluster: Cluster, service_account: str, namespace: str | None = None) -> None:
+    """The authorizer caches RBAC objects: wait until it knows the chart's fresh bindings."""
+    scope = ["-n", namespace] if namespace else ["-A"]
+
+    def allowed() -> bool:
+        result = cluster.kubectl(
+            "auth", "can-i", "list", "crewjobs.crewfence.dev", *scope, as_sa=service_account
+        )
+        return result.stdout.strip() == "yes"
+
+    wait_until(allowed, timeout=30, what=f"RBAC for {service_account}")
+
+
 def test_chart_rbac_runs_a_crewjob(
     cluster: Cluster,
     install: Callable[..., Release],
@@ -195,6 +208,7 @@ def test_chart_rbac_runs_a_crewjob(
     sa_ns, _, sa_name = release.service_account.partition(":")
     assert cluster.get_json("serviceaccount", sa_name, "-n", sa_ns) is not None
     # The chart's RBAC is what the ServiceAccount gets; the admin can ask the API server.
+    wait_for_rbac(cluster, release.service_account)
     can = cluster.kubectl(
         "auth", "can-i", "create", "pods", "-n", namespace, as_sa=release.service_account
     )
@@ -224,6 +238,16 @@ def test_chart_rbac_runs_a_crewjob(
         "networkpolicy", f"{release.name}-crewfence-sidecars", "-n", namespace
     )
     assert policy is not None
+    # It selects the sidecar pod the operator really created, and only on the sidecar's port.
+    pod = cluster.get_json("pod", "charted-0", "-n", namespace)
+    labels = pod["metadata"]["labels"]
+    selector = policy["spec"]["podSelector"]
+    assert selector["matchLabels"].items() <= labels.items()
+    assert all(e["key"] in labels for e in selector["matchExpressions"])
+    sidecar_ports = {
+        p["containerPort"] for c in pod["spec"]["containers"] for p in c.get("ports", [])
+    }
+    assert {p["port"] for p in policy["spec"]["ingress"][0]["ports"]} <= sidecar_ports
     cluster.kubectl(
         "delete", "crewjob", "charted-run", "-n", namespace, "--timeout=60s", check=True
     )
@@ -243,6 +267,7 @@ def test_namespaced_chart_rbac_runs_a_crewjob(
             "operator.watchNamespaces": [namespace],
         }
     )
+    wait_for_rbac(cluster, release.service_account, namespace)
     other = cluster.kubectl(
         "auth", "can-i", "create", "pods", "-n", "default", as_sa=release.service_account
     )

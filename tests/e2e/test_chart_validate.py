@@ -105,8 +105,9 @@ def test_rendered_chart_passes_server_side_dry_run(cluster: Cluster, case: str) 
             cluster.kubectl("create", "namespace", ns, check=True)
         # kopf's peering CRDs must exist for their objects to be validated: create them for real.
         for crd in peering_crds:
-            cluster.apply(crd)
-            created.append(("crd", crd["metadata"]["name"]))
+            if cluster.get_json("crd", crd["metadata"]["name"]) is None:
+                cluster.apply(crd)
+                created.append(("crd", crd["metadata"]["name"]))
             cluster.kubectl(
                 "wait",
                 "--for=condition=Established",

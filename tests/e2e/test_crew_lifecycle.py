@@ -173,3 +173,50 @@ def test_scale_down_keeps_a_journal_with_records(
     assert kept["claim"] == "research-state-2" and kept["retainedRuns"] == 1
     cond = next(c for c in result["status"]["conditions"] if c["type"] == "StateClaimsRetained")
     assert cond["status"] == "True" and "research-state-2" in cond["message"]
+
+
+def test_spec_change_rolls_the_pods(
+    cluster: Cluster, operator_process: Operator, namespace: str
+) -> None:
+    crew = _crew(1)
+    crew["metadata"]["namespace"] = namespace
+    crew["spec"]["operations"] = ["run"]
+    cluster.apply(crew)
+    before = _ready(cluster, namespace, 1)["replicas"][0]
+    cluster.kubectl("patch", "crew", "research", "-n", namespace, "--type=merge",
+                    "-p", '{"spec":{"operations":["run","knowledge_query"]}}', check=True)
+
+    def rolled() -> dict[str, Any] | None:
+        pod = cluster.get_json("pod", "research-0", "-n", namespace)
+        if pod is None or pod["metadata"].get("deletionTimestamp"):
+            return None
+        env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+        status = _status(cluster, namespace)
+        entry = (status.get("replicas") or [{}])[0]
+        fresh = env.get("CREWFENCE_ALLOWED_OPERATIONS") == "run,knowledge_query"
+        return entry if fresh and entry.get("ready") and status.get(
+            "observedGeneration") == 2 else None
+
+    after = wait_until(rolled, timeout=180, interval=0.5, what="the pod rolled to the new spec")
+    with urllib.request.urlopen(f"http://{after['address']}/health", timeout=10) as resp:
+        assert sorted(json.load(resp)["operations"]) == ["knowledge_query", "run"]
+    assert after["journalId"] == before["journalId"], "rolled on the same claim and journal"
+
+
+def test_deleting_the_crew_removes_what_it_owns(
+    cluster: Cluster, operator_process: Operator, namespace: str
+) -> None:
+    crew = _crew(1)
+    crew["metadata"]["namespace"] = namespace
+    cluster.apply(crew)
+    _ready(cluster, namespace, 1)
+    result = cluster.kubectl("delete", "crew", "research", "-n", namespace, "--timeout=60s")
+    assert result.returncode == 0, result.stderr  # the finalizer is released
+
+    def gone() -> bool:
+        left = [cluster.get_json(kind, name, "-n", namespace) for kind, name in (
+            ("pod", "research-0"), ("service", "research"),
+            ("secret", "research-crewfence-token"), ("configmap", "research-crewfence-crews"))]
+        return all(obj is None for obj in left)
+
+    wait_until(gone, timeout=120, what="owned objects garbage-collected")

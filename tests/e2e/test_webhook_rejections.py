@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import base64
+import json
+import ssl
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -116,3 +120,30 @@ def test_existing_claim_of_another_crew_is_rejected(
     assert '"team-data"' in result.stderr and 'Crew "first"' in result.stderr
     assert cluster.get_json("crew", "second", "-n", namespace) is None
 
+
+
+def test_webhook_itself_rejects_shared_modes(
+    cluster: Cluster, operator_process: Operator, namespace: str
+) -> None:
+    # The API server's CEL rule answers first, so kubectl never reaches the webhook with a
+    # shared mode; ask the running webhook directly, as the API server would.
+    _webhook_serving(cluster, operator_process)
+    cfg = cluster.get_json("validatingwebhookconfiguration", "crewfence.dev")
+    hook = next(w for w in cfg["webhooks"] if w["clientConfig"]["url"].endswith("/validate-crew"))
+    ca = base64.b64decode(hook["clientConfig"]["caBundle"])
+    context = ssl.create_default_context(cadata=ca.decode())
+    crew = _small_crew("shared", namespace, accessMode="ReadWriteMany")
+    review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": "e2e-1", "operation": "CREATE", "namespace": namespace, "name": "shared",
+        "kind": {"group": "crewfence.dev", "version": "v1alpha1", "kind": "Crew"},
+        "resource": {"group": "crewfence.dev", "version": "v1alpha1", "resource": "crews"},
+        "userInfo": {"username": "e2e"}, "object": crew}}
+    request = urllib.request.Request(hook["clientConfig"]["url"], method="POST",
+                                     data=json.dumps(review).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, context=context, timeout=30) as resp:
+        answer = json.load(resp)["response"]
+    assert answer["uid"] == "e2e-1" and answer["allowed"] is False
+    assert answer["status"]["code"] == 403
+    assert "ReadWriteMany" in answer["status"]["message"]
+    assert "ReadWriteOncePod" in answer["status"]["message"]

@@ -118,26 +118,44 @@ def observe(crew: CrewRef, spec: CrewSpec, settings: PodSettings) -> Snapshot:
     )
 
 
-def ensure(crew: CrewRef, spec: CrewSpec, settings: PodSettings) -> Snapshot:
-    """Create missing children for ordinals 0..replicas-1 and return what exists."""
-    kube.create_if_absent(token_secret(crew, new_token()))
-    _ensure_configmap(crew, spec)
-    kube.create_if_absent(headless_service(crew, settings.port))
-    for ordinal in range(spec.replicas):
-        _ensure_claim(crew, spec, ordinal)
+def ensure(
+    crew: CrewRef, spec: CrewSpec, settings: PodSettings, *, full: bool = True
+) -> Snapshot:
+    """Create missing children for ordinals 0..replicas-1 and return what exists.
+
+    Writes happen only for what is missing or changed (a create answered 409 still counts as a
+    write request for the API server). ``full=False`` skips the per-Crew Secret, Service and
+    ConfigMap checks (the daemon does them on spec changes and now and then).
+    """
+    if full:
+        if not kube.exists("Secret", crew.namespace, c.token_secret_name(crew.name)):
+            kube.create_if_absent(token_secret(crew, new_token()))
+        _ensure_configmap(crew, spec)
+        if not kube.exists("Service", crew.namespace, c.service_name(crew.name)):
+            kube.create_if_absent(headless_service(crew, settings.port))
     snap = observe(crew, spec, settings)
+    for ordinal in range(spec.replicas):
+        if ordinal not in snap.claims:
+            _ensure_claim(crew, spec, ordinal)
+        elif _has_release_marks(snap.claims[ordinal]):
+            _ensure_claim(crew, spec, ordinal)
+    created: list[str] = []
     for ordinal in range(spec.replicas):
         # One pod object per ordinal, ever: a terminating pod still holds the claim, so a
         # replacement is created only once the old object is gone (its deletion wakes us).
         if ordinal in snap.pods:
             continue
         if kube.create_if_absent(desired_pod(crew, spec, ordinal, settings)):
-            snap.created_pods.append(c.pod_name(crew.name, ordinal))
-    if snap.created_pods:
-        fresh = observe(crew, spec, settings)
-        fresh.created_pods = snap.created_pods
-        snap = fresh
+            created.append(c.pod_name(crew.name, ordinal))
+    if created:
+        snap = observe(crew, spec, settings)
+        snap.created_pods = created
     return snap
+
+
+def _has_release_marks(claim: Mapping[str, Any]) -> bool:
+    annotations = (claim.get("metadata") or {}).get("annotations") or {}
+    return RELEASED_ANNOTATION in annotations or RETAINED_ANNOTATION in annotations
 
 
 def apply_claim_annotations(namespace: str, claim: str, annotations: Mapping[str, str]) -> None:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from crewfence_operator import constants as c
 from crewfence_operator.crew.identity import CrewRef, object_meta, replica_labels
 from crewfence_operator.crew.resources import LLM_API_KEY_ENV, claim_for_ordinal
-from crewfence_operator.crew.spec import CrewSpec
+from crewfence_operator.crew.spec import CrewSpec, JournalBounds
 
 
 @dataclass(frozen=True)
@@ -18,13 +18,17 @@ class PodSettings:
     default_image: str = c.DEFAULT_IMAGE
     image_pull_policy: str = "IfNotPresent"
     port: int = c.SIDECAR_PORT
+    journal_defaults: JournalBounds = field(default_factory=JournalBounds)
+    """Bounds for Crews that do not set them (operator-wide, e.g. from the chart's values)."""
 
 
 def _env(name: str, value: str) -> dict[str, Any]:
     return {"name": name, "value": value}
 
 
-def sidecar_env(crew: CrewRef, spec: CrewSpec, port: int) -> list[dict[str, Any]]:
+def sidecar_env(
+    crew: CrewRef, spec: CrewSpec, port: int, defaults: JournalBounds | None = None
+) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [
         {"name": "CREWFENCE_HOST",
          "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "status.podIP"}}},
@@ -50,12 +54,13 @@ def sidecar_env(crew: CrewRef, spec: CrewSpec, port: int) -> list[dict[str, Any]
         env.append(_env("CREWFENCE_REGISTRY", spec.entrypoint))
     if spec.train_enabled:
         env.append(_env("CREWFENCE_TRAINING_DIR", c.TRAINING_DIR))
+    j, d = spec.journal, defaults or JournalBounds()
     bounds = {
-        "CREWFENCE_MAX_RETAINED_RUNS": spec.journal.max_retained_runs,
-        "CREWFENCE_MAX_EVENTS_PER_RUN": spec.journal.max_events_per_run,
-        "CREWFENCE_MAX_EVENT_BYTES": spec.journal.max_event_bytes,
-        "CREWFENCE_MAX_STATE_BYTES": spec.journal.max_state_bytes,
-        "CREWFENCE_MAX_CONCURRENCY": spec.journal.max_concurrency,
+        "CREWFENCE_MAX_RETAINED_RUNS": _first(j.max_retained_runs, d.max_retained_runs),
+        "CREWFENCE_MAX_EVENTS_PER_RUN": _first(j.max_events_per_run, d.max_events_per_run),
+        "CREWFENCE_MAX_EVENT_BYTES": _first(j.max_event_bytes, d.max_event_bytes),
+        "CREWFENCE_MAX_STATE_BYTES": _first(j.max_state_bytes, d.max_state_bytes),
+        "CREWFENCE_MAX_CONCURRENCY": _first(j.max_concurrency, d.max_concurrency),
     }
     env.extend(_env(name, str(value)) for name, value in bounds.items() if value is not None)
     ref = spec.llm.api_key_secret_ref
@@ -63,6 +68,10 @@ def sidecar_env(crew: CrewRef, spec: CrewSpec, port: int) -> list[dict[str, Any]
         env.append({"name": LLM_API_KEY_ENV,
                     "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
     return env
+
+
+def _first(value: int | None, default: int | None) -> int | None:
+    return value if value is not None else default
 
 
 def _volumes(crew: CrewRef, spec: CrewSpec, ordinal: int) -> list[dict[str, Any]]:
@@ -95,7 +104,7 @@ def replica_pod(
         "imagePullPolicy": spec.image_pull_policy or settings.image_pull_policy,
         "command": [c.SIDECAR_COMMAND],
         "workingDir": c.SCRATCH_MOUNT,
-        "env": sidecar_env(crew, spec, settings.port),
+        "env": sidecar_env(crew, spec, settings.port, settings.journal_defaults),
         "ports": [{"name": c.SIDECAR_PORT_NAME, "containerPort": settings.port,
                    "protocol": "TCP"}],
         "readinessProbe": {

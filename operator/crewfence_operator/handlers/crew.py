@@ -34,6 +34,8 @@ from crewfence_operator.crew.status import (
 from crewfence_operator.crew.template import pod_template_hash
 from crewfence_operator.handlers import audit
 
+FULL_ENSURE_SECONDS = 60.0
+"""How often the daemon re-checks the Secret, Service and ConfigMap without a spec change."""
 DRAIN_GRACE_SECONDS = 3.0
 """How long a scaling-down replica is shown as not ready before it is asked and removed."""
 
@@ -49,7 +51,8 @@ def wake(key: str) -> None:
 
 def pod_settings(cfg: config.OperatorConfig) -> PodSettings:
     return PodSettings(default_image=cfg.sidecar_image,
-                       image_pull_policy=cfg.image_pull_policy, port=cfg.sidecar_port)
+                       image_pull_policy=cfg.image_pull_policy, port=cfg.sidecar_port,
+                       journal_defaults=cfg.journal_defaults)
 
 
 @kopf.on.resume(c.GROUP, c.VERSION, c.CREW_PLURAL)
@@ -66,6 +69,10 @@ async def crew_changed(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
                                        pod_settings(config.current()))
     except children.ChildError as exc:
         logger.warning(f"Crew {crew.key} cannot be reconciled: {exc}")
+    except Exception as exc:
+        if not _namespace_terminating(exc):
+            raise kopf.TemporaryError(f"reconcile failed: {_describe(exc)}", delay=5) from None
+        logger.debug(f"Crew {crew.key}: namespace is terminating")
     else:
         if snap.created_pods:
             logger.info(f"created pods {snap.created_pods}")
@@ -86,6 +93,8 @@ class DaemonState:
     last_audit: float = 0.0
     mounts: list[ForeignMount] = field(default_factory=list)
     announced: set[str] = field(default_factory=set)
+    full_ensure: tuple[int | None, float] = (None, 0.0)
+    """(generation, monotonic time) of the last full ensure."""
 
 
 @kopf.daemon(c.GROUP, c.VERSION, c.CREW_PLURAL, cancellation_timeout=10.0)
@@ -178,8 +187,13 @@ async def reconcile_once(
             previous_conditions=previous.get("conditions") or [], port=cfg.sidecar_port,
             error=str(exc)))
         return
+    now = time.monotonic()
+    last_generation, last_time = state.full_ensure
+    full = last_generation != generation or now - last_time >= FULL_ENSURE_SECONDS
     try:
-        snap = await asyncio.to_thread(children.ensure, crew, spec, settings)
+        snap = await asyncio.to_thread(children.ensure, crew, spec, settings, full=full)
+        if full:
+            state.full_ensure = (generation, now)
     except children.ChildError as exc:
         error = str(exc)
         snap = await asyncio.to_thread(children.observe, crew, spec, settings)
@@ -188,9 +202,9 @@ async def reconcile_once(
             kube.read_secret_value, namespace, c.token_secret_name(name), c.TOKEN_SECRET_KEY)
     healths = await _healths(session, snap.pods, state.token, cfg)
 
-    claims_by_ordinal = {o: claim_for_ordinal(crew, spec, o) for o in range(spec.replicas)}
+    ordinals = set(range(spec.replicas)) | set(snap.pods) | set(snap.claims)
+    claims_by_ordinal = {o: claim_for_ordinal(crew, spec, o) for o in sorted(ordinals)}
     claims_by_ordinal.update({o: cl["metadata"]["name"] for o, cl in snap.claims.items()})
-    now = time.monotonic()
     if now - state.last_audit >= cfg.audit_interval or not state.last_audit:
         state.mounts = audit.find_foreign_mounts(crew.name, claims_by_ordinal,
                                                  snap.namespace_pods)

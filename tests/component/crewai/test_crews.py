@@ -61,13 +61,17 @@ def test_a_factory_returning_no_crew_is_refused(crew_module: str) -> None:
         catalog.build("bad")
 
 
-def test_registry_and_file_combine(crews_file: Path) -> None:
-    catalog = CrewCatalog.load("crewfence_sidecar.samples:SAMPLE_CREWS", None)
-    other = crews_file.parent / "unused"  # the fixture file defines 'research' too
-    assert not other.exists()
+def test_registry_and_file_combine(crews_file: Path, tmp_path: Path) -> None:
+    extra = tmp_path / "crews.yaml"
+    extra.write_text(yaml.safe_dump({"crews": {"extra": {
+        "agents": {"a": {"role": "R", "goal": "G", "backstory": "B"}},
+        "tasks": [{"name": "t", "agent": "a", "description": "d", "expected_output": "x"}],
+    }}}), encoding="utf-8")
+    catalog = CrewCatalog.load("crewfence_sidecar.samples:SAMPLE_CREWS", extra)
+    assert catalog.crew_ids() == ["extra", "knowledge", "research", "single"]
+    # The fixture file defines 'research' too: one id in two places is refused.
     with pytest.raises(CatalogError, match="'research' defined both"):
         CrewCatalog.load("crewfence_sidecar.samples:SAMPLE_CREWS", crews_file)
-    assert "single" in catalog
 
 
 def test_file_catalog(file_catalog: CrewCatalog) -> None:

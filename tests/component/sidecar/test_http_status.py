@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from typing import Any
 
 from crewfence_sidecar.contract import MAX_BODY_BYTES, job_path
-from sidecar_helpers import AUTH, headers, llm_calls, metric_value, start_body
+from sidecar_helpers import AUTH, TOKEN, headers, llm_calls, metric_value, start_body
 
 
 async def _wait_terminal(client: Any, action_id: str, timeout: float = 60) -> dict[str, Any]:
@@ -236,3 +237,40 @@ async def test_cancel_codes(make_client: Any) -> None:
                          headers=AUTH)).status == 400
     assert (await c.post(job_path("nope", "/cancel"), json={"crew_id": "research"},
                          headers=AUTH)).status == 400
+
+
+async def test_fifty_concurrent_identical_admissions_execute_once(make_client: Any) -> None:
+    c = await make_client()
+    body = start_body("ns/concurrent", topic="herons")
+    before = llm_calls()
+    responses = await asyncio.gather(*(c.post("/jobs", json=body, headers=headers("same"))
+                                       for _ in range(50)))
+    records = [await r.json() for r in responses]
+    assert all(r.status == 200 for r in responses)
+    assert {rec["status"] for rec in records} == {"completed"}
+    assert len({rec["created_at"] for rec in records}) == 1
+    assert sum("X-Crewfence-Exact-Repeat" in r.headers for r in responses) == 49
+    assert llm_calls() - before == 1  # the one-task crew called the LLM exactly once
+    metrics = await (await c.get("/metrics")).text()
+    assert metric_value(metrics, 'crewfence_sidecar_admissions_total{operation="run"}') == 1
+
+
+async def test_logs_are_json_with_ids_and_never_inputs_outputs_or_tokens(
+        make_client: Any, caplog: Any) -> None:
+    from crewfence_sidecar.logs import JsonFormatter
+
+    caplog.set_level(logging.INFO, logger="crewfence")
+    c = await make_client()
+    r = await c.post("/jobs", json=start_body("ns/logged", topic="SECRET-INPUT-4711"),
+                     headers=headers("SECRET-KEY-0815"))
+    output_raw = (await r.json())["output"]["raw"]
+    await c.get(job_path("x"), headers={"Authorization": "Bearer SECRET-WRONG-TOKEN"})
+    lines = [JsonFormatter().format(rec) for rec in caplog.records
+             if rec.name.startswith("crewfence")]
+    entries = [json.loads(line) for line in lines]
+    assert any(e.get("action_id") == "ns/logged" and e.get("crew_id") == "research"
+               for e in entries)
+    text = "\n".join(lines)
+    for secret in ("SECRET-INPUT-4711", "SECRET-KEY-0815", "SECRET-WRONG-TOKEN", TOKEN,
+                   output_raw):
+        assert secret not in text

@@ -1,5 +1,5 @@
 """children.ensure against kmock (the kopf author's API emulator): which objects get created,
-and that an existing pod object for an ordinal (even a terminating one) is never duplicated.
+and that a pod object already using a replica's name is never overwritten or adopted.
 The real API server runs the same code in tests/e2e/test_crew_*.py."""
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from typing import Any
 
 import kmock
 import pytest
-
 from crewfence_operator import kube
 from crewfence_operator.crew import children
 from crewfence_operator.crew.identity import CrewRef
@@ -26,9 +25,10 @@ SPEC = parse_spec({"replicas": 2, "operations": ["run", "train"],
 @pytest.fixture
 def api(kmock: kmock.KubernetesEmulator) -> Iterator[kmock.KubernetesEmulator]:
     for plural in ("pods", "persistentvolumeclaims", "services", "secrets", "configmaps"):
-        kmock.resources[f"v1/{plural}"] = {}
+        kmock.resources[f"v1/{plural}"].namespaced = True
     kube.use_api_server(str(kmock.url).rstrip("/"))
     yield kmock
+    kube.reset()
 
 
 def _names(api: kmock.KubernetesEmulator, plural: str) -> list[str]:
@@ -46,17 +46,23 @@ async def test_ensure_creates_children_once(api: Any, crew_ref: CrewRef) -> None
     assert _names(api, "configmaps") == ["research-crewfence-crews"]
     assert sorted(snap.pods) == [0, 1]
 
+    before = len(list(api))
     again = await asyncio.to_thread(children.ensure, crew_ref, SPEC, PodSettings())
     assert again.created_pods == []
     assert _names(api, "pods") == ["research-0", "research-1"]
+    # Steady state costs reads only: no create (even one answered 409), patch or delete.
+    methods = [str(r.method.value).upper() for r in list(api)[before:]]
+    assert methods and set(methods) == {"GET"}, methods
 
 
-async def test_terminating_pod_is_not_replaced(api: Any, crew_ref: CrewRef) -> None:
-    first = children.desired_pod(crew_ref, SPEC, 0, PodSettings())
-    first["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
-    first["metadata"]["uid"] = "old"
-    await asyncio.to_thread(kube.create_if_absent, first)
+async def test_foreign_pod_with_the_replica_name_is_left_alone(
+    api: Any, crew_ref: CrewRef
+) -> None:
+    squatter = {"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "research-0", "namespace": "team-a", "uid": "theirs"},
+                "spec": {"containers": [{"name": "c", "image": "busybox"}]}}
+    await asyncio.to_thread(kube.create_if_absent, squatter)
     snap = await asyncio.to_thread(children.ensure, crew_ref, SPEC, PodSettings())
-    assert snap.created_pods == ["research-1"]
-    assert _names(api, "pods") == ["research-0", "research-1"]
-    assert api.objects["v1/pods", "team-a", "research-0"]["metadata"]["uid"] == "old"
+    assert sorted(snap.pods) == [1], "a pod the operator did not make is never taken as a replica"
+    stored = api.objects["v1/pods", "team-a", "research-0"]
+    assert stored["metadata"]["uid"] == "theirs" and "labels" not in stored["metadata"]

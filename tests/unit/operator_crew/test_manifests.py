@@ -20,7 +20,7 @@ from crewfence_operator.crew.resources import (
     state_claim,
     token_secret,
 )
-from crewfence_operator.crew.spec import SpecError, parse_spec
+from crewfence_operator.crew.spec import JournalBounds, SpecError, parse_spec
 from crewfence_operator.crew.template import pod_template_hash
 
 
@@ -85,6 +85,20 @@ def test_pod_env(crew_ref: CrewRef, example_crew: dict[str, Any]) -> None:
     scratch = {m["mountPath"] for m in mounts.values() if m["name"] == "scratch"}
     assert env["HOME"] in scratch
     assert env["CREWAI_STORAGE_DIR"].startswith(c.SCRATCH_MOUNT)
+
+
+def test_operator_wide_journal_defaults(crew_ref: CrewRef, example_crew: dict[str, Any]) -> None:
+    defaults = JournalBounds(max_retained_runs=50, max_event_bytes=4096)
+    minimal = parse_spec({"entrypoint": "m:a"})
+    env = _env(replica_pod(crew_ref, minimal, 0, PodSettings(journal_defaults=defaults)))
+    assert env["CREWFENCE_MAX_RETAINED_RUNS"] == "50"
+    assert env["CREWFENCE_MAX_EVENT_BYTES"] == "4096"
+    assert "CREWFENCE_MAX_CONCURRENCY" not in env
+    # The Crew's own bounds win over the operator's defaults.
+    own = _env(replica_pod(crew_ref, parse_spec(example_crew["spec"]), 0,
+                           PodSettings(journal_defaults=defaults)))
+    assert own["CREWFENCE_MAX_RETAINED_RUNS"] == "1000"
+    assert own["CREWFENCE_MAX_EVENT_BYTES"] == "4096"
 
 
 def test_minimal_spec_defaults(crew_ref: CrewRef) -> None:

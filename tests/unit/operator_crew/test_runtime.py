@@ -16,7 +16,10 @@ def test_env_then_flags() -> None:
         "CREWFENCE_OPERATOR_METRICS_PORT": "9100",
         "CREWFENCE_OPERATOR_WEBHOOK_MODE": "managed",
         "CREWFENCE_OPERATOR_AUDIT_INTERVAL": "2.5",
+        "CREWFENCE_OPERATOR_SIDECAR_MAX_RETAINED_RUNS": "77",
     })
+    assert base.journal_defaults.max_retained_runs == 77
+    assert base.journal_defaults.max_concurrency is None
     assert base.namespaces == ("a", "b") and not base.all_namespaces
     assert base.metrics_port == 9100 and base.webhook.mode is WebhookMode.MANAGED
     assert base.audit_interval == 2.5

@@ -40,3 +40,22 @@ def test_rank_has_every_ordinal_once() -> None:
     ranked = rank_ordinals("ns/x", [3, 1, 2, 1])
     assert sorted(ranked) == [1, 2, 3]
     assert ranked[0] == choose_ordinal("ns/x", [1, 2, 3])
+
+
+def test_parse_replicas_and_journal_change() -> None:
+    from crewfence_operator.crewjob.replicas import journal_changed, parse_replicas
+
+    crew = {"status": {"replicas": [
+        {"ordinal": 1, "pod": "c-1", "claim": "c-state-1", "address": "127.0.0.2:8090",
+         "journalId": "j1", "ready": True, "fenced": True},
+        {"ordinal": 0, "pod": "c-0", "claim": "c-state-0", "address": None, "ready": True},
+        {"pod": "no-ordinal"},
+    ]}}
+    reps = parse_replicas(crew)
+    assert [r.ordinal for r in reps] == [0, 1]
+    assert not reps[0].eligible  # no address
+    assert not reps[1].eligible  # fenced: never dispatched to
+    assert journal_changed("j1", "j2")
+    assert not journal_changed("j1", "j1")
+    assert not journal_changed("j1", None)  # unknown now (pod down) is not "changed"
+    assert not journal_changed(None, "j2")

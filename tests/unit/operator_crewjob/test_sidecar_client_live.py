@@ -44,7 +44,8 @@ def sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sidecar]:
     deadline = time.monotonic() + 120
     while True:
         if proc.poll() is not None:
-            raise AssertionError(f"sidecar exited: {proc.stderr.read().decode()[-2000:]}")
+            err = proc.stderr.read().decode() if proc.stderr else ""
+            raise AssertionError(f"sidecar exited: {err[-2000:]}")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.5):
                 break
