@@ -113,8 +113,8 @@ def _record_from_row(row: tuple[Any, ...]) -> JobRecord:
     )
 
 
-_RECORD_COLUMNS = ("action_id, crew_id, operation, request_hash, status, event_count, error, "
-                   "uncertain_outcome, created_at, updated_at")
+_SELECT_RECORDS = ("SELECT action_id, crew_id, operation, request_hash, status, event_count, "
+                   "error, uncertain_outcome, created_at, updated_at FROM records")
 
 
 @dataclass(frozen=True)
@@ -217,7 +217,7 @@ class Journal:
         if count > limits.max_retained_runs:
             raise JournalError(f"journal {name} holds {count} records, more than "
                                f"CREWFENCE_MAX_RETAINED_RUNS={limits.max_retained_runs}")
-        rows = self._conn.execute(f"SELECT {_RECORD_COLUMNS} FROM records").fetchall()
+        rows = self._conn.execute(_SELECT_RECORDS).fetchall()
         records: dict[str, JobRecord] = {}
         for row in rows:
             try:

@@ -133,7 +133,7 @@ def build_journal(path: Path, records: int, events_per_record: int, running: int
     for i in range(records):
         aid = f"bench/seed-{i:06d}"
         status = "running" if i < running else "completed"
-        rows.append((aid, "research", "run", "%064x" % i, status, events_per_record,
+        rows.append((aid, "research", "run", f"{i:064x}", status, events_per_record,
                      output if status == "completed" else "null", "null", 0, now, now))
         for s in range(events_per_record):
             name = "started" if s == 0 else ("completed" if s == events_per_record - 1

@@ -204,7 +204,14 @@ def test_chart_rbac_runs_a_crewjob(
     operator_factory: Callable[..., Operator],
     namespace: str,
 ) -> None:
-    release = install({"webhook.failurePolicy": "Ignore", "networkPolicy.namespaces": [namespace]})
+    release = install(
+        {
+            "webhook.failurePolicy": "Ignore",
+            "networkPolicy.namespaces": [namespace],
+            "sidecar.journal.maxRetainedRuns": 1234,
+            "sidecar.journal.maxStateBytes": 64 * 1024 * 1024,
+        }
+    )
     sa_ns, _, sa_name = release.service_account.partition(":")
     assert cluster.get_json("serviceaccount", sa_name, "-n", sa_ns) is not None
     # The chart's RBAC is what the ServiceAccount gets; the admin can ask the API server.
@@ -218,8 +225,24 @@ def test_chart_rbac_runs_a_crewjob(
     )
     assert cannot.stdout.strip() == "no"
 
-    operator = operator_factory(service_account=release.service_account, webhook_mode="off")
+    # The journal defaults reach the operator as the chart's Deployment passes them.
+    deployment = cluster.get_json(
+        "deployment", f"{release.name}-crewfence-operator", "-n", release.namespace
+    )
+    chart_env = {
+        e["name"]: e["value"]
+        for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+        if e["name"].startswith("CREWFENCE_OPERATOR_SIDECAR_MAX_")
+    }
+    assert len(chart_env) == 5
+    operator = operator_factory(
+        service_account=release.service_account, webhook_mode="off", extra_env=chart_env
+    )
     job = run_crewjob_as_chart_sa(cluster, operator, namespace)
+    sidecar = cluster.get_json("pod", "charted-0", "-n", namespace)["spec"]["containers"][0]
+    sidecar_env = {e["name"]: e.get("value") for e in sidecar["env"]}
+    assert sidecar_env["CREWFENCE_MAX_RETAINED_RUNS"] == "1234"
+    assert sidecar_env["CREWFENCE_MAX_STATE_BYTES"] == str(64 * 1024 * 1024)
     assert job["status"]["assignment"]["pod"] == "charted-0"
     # The Argo CD health checks agree with the status the operator really writes.
     assert argo_health("crewjob-health.lua", job) == "Healthy"

@@ -89,7 +89,7 @@ def test_slow_example_runs_and_cancels(cluster: Cluster, research: str) -> None:
     ns = research
     apply_file(cluster, EXAMPLES / "crewjob-slow.yaml", ns)
     running = wait_phase(cluster, ns, "crewjob-slow", ("Running",), timeout=240)
-    assert condition(running, "Reconciling")["status"] == "True"  # type: ignore[index]
+    assert condition(running, "Reconciling")["status"] == "True"
     cluster.kubectl("patch", "crewjob", "crewjob-slow", "-n", ns, "--type=merge",
                     "-p", '{"spec":{"cancel":true}}', check=True)
     obj = wait_phase(cluster, ns, "crewjob-slow", timeout=120)
@@ -100,7 +100,7 @@ def test_slow_example_runs_and_cancels(cluster: Cluster, research: str) -> None:
     # the contract says whether a cancelled `run` can keep working in a thread
     if OPERATION_TRAITS[Operation.RUN].thread_backed:
         assert (status["uncertainOutcome"], status["reason"]) == (True, "CancelUnconfirmed")
-        assert condition(obj, "OutcomeUncertain")["status"] == "True"  # type: ignore[index]
+        assert condition(obj, "OutcomeUncertain")["status"] == "True"
         assert "assume work may continue" in status["recovery"]
     else:
         assert status["uncertainOutcome"] is False

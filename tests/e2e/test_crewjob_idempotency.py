@@ -92,7 +92,7 @@ def test_changed_request_under_same_action_id_is_request_changed(cluster: Cluste
     assert status["failure"]["retryable"] is False
     assert status["uncertainOutcome"] is False
     assert "409 collision is protective" in status["recovery"]
-    assert condition(obj, "Stalled")["status"] == "True"  # type: ignore[index]
+    assert condition(obj, "Stalled")["status"] == "True"
     assert llm_calls(cluster, ns, "research") == calls_before  # nothing was run
 
 

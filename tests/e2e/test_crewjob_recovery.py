@@ -84,7 +84,7 @@ def test_killed_pod_gives_an_uncertain_outcome_and_no_rerun(
     _, metrics = sidecar_get(rep["address"], "/metrics", crew_token(cluster, ns, "research"))
     assert metric_total(metrics, "crewfence_sidecar_admissions_total") == 0
     assert metric_total(metrics, "crewfence_offline_llm_calls_total") == 0
-    assert get_job(cluster, ns, name)["status"]["phase"] == "Failed"  # type: ignore[index]
+    assert get_job(cluster, ns, name)["status"]["phase"] == "Failed"
 
 
 def test_operator_sigkill_with_50_in_flight(cluster: Cluster, ns: str,

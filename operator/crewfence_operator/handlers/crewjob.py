@@ -512,12 +512,16 @@ class JobRunner:
         while not record.terminal:
             if self.cancel_requested and not self.cancellation.dispatched:
                 await self.send_cancel(attached)
+            cursor_before = self.cursor
             try:
                 await self._drain(attached)
                 lookup = await attached.client.get_job(spec.action_id)
             except SidecarFailure as exc:
                 metrics.observe_sidecar_failure(exc.category.value)
-                if exc.code in ("invalid_stream", "invalid_record", "invalid_response"):
+                # 416: our cursor lies beyond the record's events, which a journal that kept
+                # its records cannot produce.
+                if (exc.code in ("invalid_stream", "invalid_record", "invalid_response")
+                        or exc.http_status == 416):
                     await self.finish(outcome.uncertain(
                         Reason.INVALID_STREAM, exc.category, exc.code,
                         f"invalid answer from the sidecar after admission: {exc.message}",
@@ -541,6 +545,8 @@ class JobRunner:
                         "the assigned replica no longer knows the action"))
                 return
             record = lookup.record
+            if not record.terminal and self.cursor == cursor_before:
+                await self.pause(1.0)  # the stream closed without news: do not spin
         verdict = outcome.verdict_from_record(record, thread_backed=spec.thread_backed,
                                               cancel_requested=self.cancellation.requested)
         await self.finish(verdict, record)
@@ -615,10 +621,23 @@ async def cancel_on_deletion(runner: JobRunner) -> None:
     spec, body = runner.spec, runner.body
     if spec is None or spec.deletion_policy is DeletionPolicy.ORPHAN or runner.finished:
         return
-    attached = runner.attached
-    if attached is None:
-        return  # nothing admitted as far as this operator knows
+    attached = runner.attached or await _attach_for_deletion(runner, spec)
     deadline = time.monotonic() + runner.settings.deletion_wait_seconds
+    confirmed = False
+    if attached is None:
+        if Assignment.from_status(runner.status.get("assignment")) is None:
+            return  # nothing admitted as far as this operator knows
+    elif attached.record.terminal:
+        return  # it ended before the deletion: nothing to cancel
+    else:
+        confirmed = await _cancel_and_wait(attached, spec, deadline)
+    if confirmed and not spec.thread_backed:
+        return
+    _warn_deleted_uncertain(body, confirmed)
+
+
+async def _cancel_and_wait(attached: Attached, spec: JobSpec, deadline: float) -> bool:
+    """True when the sidecar acknowledged the cancel and its record became terminal."""
     confirmed = False
     try:
         record = await attached.client.cancel(spec.crew, spec.action_id,
@@ -633,8 +652,10 @@ async def cancel_on_deletion(runner: JobRunner) -> None:
         confirmed = record.terminal
     except SidecarFailure as exc:
         metrics.observe_sidecar_failure(exc.category.value)
-    if confirmed and not spec.thread_backed:
-        return
+    return confirmed
+
+
+def _warn_deleted_uncertain(body: kopf.Body, confirmed: bool) -> None:
     reason = Reason.CANCEL_UNCONFIRMED
     metrics.observe_uncertain_outcome(reason.value)
     if confirmed:
@@ -645,6 +666,26 @@ async def cancel_on_deletion(runner: JobRunner) -> None:
         advice = outcome.RECOVERY[reason]
     kopf.warn(body, reason=f"OutcomeUncertain{reason.value}",
               message=f"CrewJob deleted: {detail}. {advice}"[:1000])
+
+
+async def _attach_for_deletion(runner: JobRunner, spec: JobSpec) -> Attached | None:
+    """Deleted before the runner re-attached: use the recorded (sticky) assignment."""
+    assignment = Assignment.from_status(runner.status.get("assignment"))
+    if assignment is None:
+        return None
+    crew, token = await runner.crew_and_token(spec.crew)
+    replica = next((r for r in parse_replicas(crew or {}) if r.ordinal == assignment.ordinal),
+                   None)
+    if replica is None or not replica.address or not token:
+        return None
+    client = runner.client_for(replica, token)
+    try:
+        lookup = await client.get_job(spec.action_id)
+    except SidecarFailure:
+        return None
+    if lookup.record is None:
+        return None
+    return Attached(replica, client, assignment, lookup.record)
 
 
 # --- kopf registration -----------------------------------------------------------------------

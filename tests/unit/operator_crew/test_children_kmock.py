@@ -5,11 +5,9 @@ The real API server runs the same code in tests/e2e/test_crew_*.py."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from typing import Any
 
 import kmock
-import pytest
 from crewfence_operator import kube
 from crewfence_operator.crew import children
 from crewfence_operator.crew.identity import CrewRef
@@ -20,15 +18,6 @@ SPEC = parse_spec({"replicas": 2, "operations": ["run", "train"],
                    "agents": {"a": {"role": "r", "goal": "g", "backstory": "b"}},
                    "tasks": [{"name": "t", "agent": "a", "description": "d",
                               "expected_output": "o"}]})
-
-
-@pytest.fixture
-def api(kmock: kmock.KubernetesEmulator) -> Iterator[kmock.KubernetesEmulator]:
-    for plural in ("pods", "persistentvolumeclaims", "services", "secrets", "configmaps"):
-        kmock.resources[f"v1/{plural}"].namespaced = True
-    kube.use_api_server(str(kmock.url).rstrip("/"))
-    yield kmock
-    kube.reset()
 
 
 def _names(api: kmock.KubernetesEmulator, plural: str) -> list[str]:

@@ -9,7 +9,7 @@ from typing import Any
 
 import kopf
 import pytest
-from crewfence_operator import certs
+from crewfence_operator import certs, kube
 from crewfence_operator.config import WebhookConfig, WebhookMode
 from crewfence_operator.handlers import webhook
 
@@ -88,3 +88,49 @@ def test_server_uses_mounted_certificates(tmp_path: Path) -> None:
                                                cert_dir=str(tmp_path)))
     assert server.certfile == str(files.cert) and server.pkeyfile == str(files.key)
     assert server.cadata == files.ca.read_bytes()
+
+
+async def test_pod_on_state_claim_rejected_via_api(api: Any, crew_ref: Any) -> None:
+    from crewfence_operator.crew.resources import state_claim
+    from crewfence_operator.crew.spec import parse_spec
+
+    await asyncio.to_thread(kube.create_if_absent,
+                            state_claim(crew_ref, parse_spec({"entrypoint": "m:a"}), 0))
+    await asyncio.to_thread(kube.create_if_absent, {
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "plain", "namespace": "team-a"}, "spec": {}})
+
+    def pod(claim: str) -> dict[str, Any]:
+        return {"metadata": {"name": "intruder", "namespace": "team-a"},
+                "spec": {"volumes": [{"name": "v",
+                                      "persistentVolumeClaim": {"claimName": claim}}]}}
+
+    with pytest.raises(kopf.AdmissionError) as err:
+        await webhook.validate_pod(body=pod("research-state-0"), namespace="team-a")
+    assert err.value.code == 403
+    assert '"intruder"' in str(err.value) and '"research-state-0"' in str(err.value)
+    await webhook.validate_pod(body=pod("plain"), namespace="team-a")  # not state: admitted
+    await webhook.validate_pod(body=pod("missing"), namespace="team-a")  # nothing to protect
+
+
+async def test_existing_claim_check_reads_other_crews(api: Any) -> None:
+    api.resources["crewfence.dev/v1alpha1/crews"].namespaced = True
+    api.objects["crewfence.dev/v1alpha1/crews", "team-a", "owner"] = {
+        "apiVersion": "crewfence.dev/v1alpha1", "kind": "Crew",
+        "metadata": {"name": "owner", "namespace": "team-a"},
+        "spec": {"storage": {"existingClaim": "data"}}}
+    with pytest.raises(kopf.AdmissionError) as err:
+        await webhook.validate_crew(spec={"storage": {"existingClaim": "data"}}, name="second",
+                                    namespace="team-a")
+    assert 'Crew "owner"' in str(err.value) and '"data"' in str(err.value)
+    await webhook.validate_crew(spec={"storage": {"existingClaim": "other"}}, name="second",
+                                namespace="team-a")
+
+
+async def test_lookup_failure_refuses_with_reason(api: Any) -> None:
+    kube.use_api_server("http://127.0.0.1:9")  # nothing listens: the check cannot be done
+    body = {"metadata": {"name": "p", "namespace": "ns"},
+            "spec": {"volumes": [{"name": "v", "persistentVolumeClaim": {"claimName": "c"}}]}}
+    with pytest.raises(kopf.AdmissionError) as err:
+        await webhook.validate_pod(body=body, namespace="ns")
+    assert err.value.code == 503 and "could not verify" in str(err.value)
