@@ -21,6 +21,7 @@ from crewai import Crew
 
 from crewfence_sidecar.crewai_env import decline_first_time_tracing
 from crewfence_sidecar.declarative import DefinitionError, load_crews_file
+from crewfence_sidecar.knowledge_storage import install as install_knowledge_storage
 
 MAX_CREW_ID_CHARS = 256
 
@@ -128,6 +129,9 @@ class CrewCatalog:
         if not factories:
             raise CatalogError("no crews: the registry and the crews file define none")
         decline_first_time_tracing()
+        # Knowledge the registry's factories build (crew- or agent-level) must be searchable
+        # from crewai's async path too.
+        install_knowledge_storage()
         return cls(dict(factories))
 
     def crew_ids(self) -> list[str]:

@@ -47,6 +47,7 @@ from crewai import Agent, Crew, Process, Task
 from crewai.knowledge.knowledge import Knowledge
 from crewai.knowledge.source.string_knowledge_source import StringKnowledgeSource
 
+from crewfence_sidecar.knowledge_storage import threaded_storage
 from crewfence_sidecar.offline_embedder import EMBEDDER_NAME, resolve_embedder
 from crewfence_sidecar.offline_llm import MODEL_NAME, resolve_llm
 
@@ -204,10 +205,13 @@ class CrewDefinition:
             extra_crew["manager_llm"] = self.llm.build()
         if self.knowledge and self.embedder:
             embedder = resolve_embedder(self.embedder)
+            collection = self.knowledge_collection()
             knowledge = Knowledge(
-                collection_name=self.knowledge_collection(),
+                collection_name=collection,
                 sources=[StringKnowledgeSource(content=k.content) for k in self.knowledge],
                 embedder=embedder,
+                # crewai's own storage cannot search from akickoff (see knowledge_storage)
+                storage=threaded_storage(embedder, collection),
             )
             knowledge.add_sources()
             extra_crew["knowledge"] = knowledge

@@ -9,8 +9,10 @@ rehearsing cancellation and crash recovery:
   (``asyncio.sleep`` in ``acall``, ``time.sleep`` in ``call``);
 - ``[[fail]]`` raises :class:`OfflineLLMFailure`.
 
-crewai 1.15 calls the sync ``call`` from worker threads even under ``akickoff``, so
-cancelling a job's asyncio task does not stop a sleeping ``call``. A job may therefore bind
+crewai 1.15 calls the sync ``call`` from worker threads even under ``akickoff`` (and, to
+rewrite an agent's knowledge search query, on the event loop's own thread: the sidecar
+runs such crews on a private loop, see ``operations``), so cancelling a job's asyncio task
+does not stop a sleeping ``call``. A job may therefore bind
 a :class:`threading.Event` with :func:`bind_cancel_event`; once it is set, a sleeping call
 wakes at once and every call in that job raises :class:`OfflineLLMCancelled`, so the
 offline LLM never keeps working for a cancelled job (a hosted model would).

@@ -3,6 +3,7 @@
 | operation          | mechanism                                                        |
 |--------------------|------------------------------------------------------------------|
 | ``run``            | native ``akickoff`` with crewai streaming; text chunks -> events |
+|                    | (a crew with knowledge: on a private loop, see below)            |
 | ``batch_run``      | ``akickoff`` of one fresh crew per input in a TaskGroup, 8 at a  |
 |                    | time (``akickoff_for_each`` shares one LLM object between copies) |
 | ``replay``         | ``Crew.replay`` in a worker thread                               |
@@ -18,6 +19,12 @@ in a worker thread with the sync ``LLM.call``; cancelling a ``run`` therefore ca
 asyncio side at once but an LLM call already in flight finishes in its thread. The
 offline LLM honours the job's cancel event (see :func:`_cancel_aware`), a hosted one does not.
 
+Knowledge (crewai 1.15.30): ``Agent.aexecute_task`` rewrites the knowledge search query with
+the sync ``LLM.call`` on the event loop's thread, so a crew with knowledge kicks off on a
+private loop in its own thread (:mod:`crewfence_sidecar.private_loop`); a slow model then
+never stalls the sidecar's loop. Its knowledge is searched through
+:mod:`crewfence_sidecar.knowledge_storage` (crewai's own storage fails in the async path).
+
 The runtime owns timeouts, cancellation, events other than chunks, and the journal. A
 cancelled waiter does not stop a worker thread; a thread-backed job that was cancelled
 before its crewai call began never begins it.
@@ -31,7 +38,7 @@ import contextvars
 import hashlib
 import os
 import threading
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -50,6 +57,7 @@ from pydantic_core import to_jsonable_python
 from crewfence_sidecar.contract import ARTIFACT_NAME_RE, Operation
 from crewfence_sidecar.crews import CrewCatalog
 from crewfence_sidecar.offline_llm import bind_cancel_event, resolve_llm, unbind_cancel_event
+from crewfence_sidecar.private_loop import on_loop, run_on_private_loop
 
 T = TypeVar("T")
 EVENT_FLUSH_SECONDS = 30.0
@@ -150,23 +158,54 @@ def _check_not_cancelled(cancelled: threading.Event) -> None:
 
 
 # --- run / batch_run ---------------------------------------------------------------------------
-async def _run(catalog: CrewCatalog, ctx: ExecutionContext) -> Any:
-    crew = await _build(catalog, ctx.crew_id)
-    crew.stream = True
-    streaming = await crew.akickoff(inputs=dict(ctx.input))
+def uses_knowledge(crew: Crew) -> bool:
+    """Whether crewai's knowledge retrieval runs for some agent of ``crew``."""
+    return (crew.knowledge is not None or bool(crew.knowledge_sources)
+            or any(agent.knowledge is not None or agent.knowledge_sources
+                   for agent in crew.agents))
+
+
+async def _off_the_loop_if_needed(crew: Crew, kickoff: Coroutine[Any, Any, T],
+                                  cancelled: threading.Event) -> T:
+    """Await ``kickoff``; for a crew with knowledge, on a private loop (see private_loop).
+
+    crewai 1.15.30's ``Agent.aexecute_task`` rewrites the knowledge search query with the
+    SYNC ``LLM.call`` on the loop's own thread: on the sidecar's loop a slow model (or
+    ``[[sleep:N]]``) would stall every job, ``/health`` and the cancel route.
+    """
+    if not uses_knowledge(crew):
+        return await kickoff
+    return await run_on_private_loop(kickoff, name=crew.name or "crew", wake=cancelled.set)
+
+
+async def _stream_kickoff(crew: Crew, inputs: dict[str, Any],
+                          emit_chunk: Callable[[dict[str, Any]], Awaitable[None]]) -> Any:
+    streaming = await crew.akickoff(inputs=inputs)
     if not isinstance(streaming, CrewStreamingOutput):  # pragma: no cover - crewai contract
         return crew_output(crew, streaming)
     # ``async with`` closes the stream (and cancels crewai's inner task) on any exit.
     async with streaming:
         async for chunk in streaming:
-            await ctx.emit_chunk(chunk_data(chunk))
+            await emit_chunk(chunk_data(chunk))
     return crew_output(crew, streaming.result)
+
+
+async def _run(catalog: CrewCatalog, ctx: ExecutionContext, cancelled: threading.Event) -> Any:
+    crew = await _build(catalog, ctx.crew_id)
+    crew.stream = True
+    if not uses_knowledge(crew):
+        return await _stream_kickoff(crew, dict(ctx.input), ctx.emit_chunk)
+    # The runtime journals chunks on the sidecar's loop, not on the private one.
+    emit_chunk = on_loop(asyncio.get_running_loop(), ctx.emit_chunk)
+    return await _off_the_loop_if_needed(
+        crew, _stream_kickoff(crew, dict(ctx.input), emit_chunk), cancelled)
 
 
 BATCH_CONCURRENCY = 8
 
 
-async def _batch_run(catalog: CrewCatalog, ctx: ExecutionContext) -> Any:
+async def _batch_run(catalog: CrewCatalog, ctx: ExecutionContext,
+                     cancelled: threading.Event) -> Any:
     # The equivalent of crewai's akickoff_for_each with a FRESH crew per input (its own
     # crew.copy() shares one LLM object between the copies, so token usage is summed wrongly)
     # and at most BATCH_CONCURRENCY kickoffs at a time (it starts all inputs at once).
@@ -177,7 +216,7 @@ async def _batch_run(catalog: CrewCatalog, ctx: ExecutionContext) -> Any:
         async with slots:
             crew = await _build(catalog, ctx.crew_id)
             crew.stream = False
-            result = await crew.akickoff(inputs=item)
+            result = await _off_the_loop_if_needed(crew, crew.akickoff(inputs=item), cancelled)
             if not isinstance(result, CrewOutput):  # pragma: no cover - crewai contract
                 raise ExecutionError("batch_run: crewai returned no CrewOutput")
             return result
@@ -404,8 +443,8 @@ async def execute(catalog: CrewCatalog, ctx: ExecutionContext) -> Any:
     if ctx.crew_id not in catalog:
         raise ExecutionError(f"unknown crew {ctx.crew_id!r}")
     if operation is Operation.RUN:
-        return await _cancel_aware(lambda _: _run(catalog, ctx))
+        return await _cancel_aware(lambda cancelled: _run(catalog, ctx, cancelled))
     if operation is Operation.BATCH_RUN:
-        return await _cancel_aware(lambda _: _batch_run(catalog, ctx))
+        return await _cancel_aware(lambda cancelled: _batch_run(catalog, ctx, cancelled))
     work = _THREAD_WORK[operation]
     return await _in_thread(lambda cancelled: work(catalog, ctx, cancelled))

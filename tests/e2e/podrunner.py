@@ -258,8 +258,13 @@ class PodWorker:
             if "persistentVolumeClaim" in volume:
                 claim = volume["persistentVolumeClaim"]["claimName"]
                 path = await self.runner.claim_path(self.ns, claim)
-                fs_group = (self.pod["spec"].get("securityContext") or {}).get("fsGroup")
-                apply_fs_group(path, fs_group, read_only=False)
+                security = self.pod["spec"].get("securityContext") or {}
+                apply_fs_group(
+                    path,
+                    security.get("fsGroup"),
+                    read_only=False,
+                    change_policy=security.get("fsGroupChangePolicy"),
+                )
                 self.mounts_by_volume[name] = path
             elif "hostPath" in volume:
                 self.mounts_by_volume[name] = Path(volume["hostPath"]["path"])

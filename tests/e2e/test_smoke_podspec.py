@@ -60,3 +60,20 @@ def test_fs_group_gives_kubelet_permissions(tmp_path: Path) -> None:
     apply_fs_group(claim, gid, read_only=False)
     assert stat.S_IMODE(claim.stat().st_mode) == 0o2770
     assert claim.stat().st_gid == gid
+
+
+def test_on_root_mismatch_leaves_a_prepared_volume_alone(tmp_path: Path) -> None:
+    gid = os.getgid()
+    claim = tmp_path / "claim"
+    claim.mkdir()
+    claim.chmod(0o770)
+    journal_dir = claim / "journal"
+    journal_dir.mkdir(mode=0o700)
+    apply_fs_group(claim, gid, read_only=False, change_policy="OnRootMismatch")
+    assert stat.S_IMODE(claim.stat().st_mode) == 0o2770
+    # The sidecar tightens its own folder after the first mount; a remount must keep that.
+    journal_dir.chmod(0o700)
+    apply_fs_group(claim, gid, read_only=False, change_policy="OnRootMismatch")
+    assert stat.S_IMODE(journal_dir.stat().st_mode) == 0o700
+    apply_fs_group(claim, gid, read_only=False)  # the default policy (Always) walks the tree
+    assert stat.S_IMODE(journal_dir.stat().st_mode) == 0o2770

@@ -1,7 +1,7 @@
 """Component fixtures: real crewai with the offline LLM, real SQLite, real files.
 
 In-process servers use aiohttp's TestServer on a real loopback socket; process-level tests
-start the real ``crewfence-sidecar`` executable (see ``sidecar_proc.py`` beside this file).
+start the real ``crewfence-sidecar`` executable (helpers in ``sidecar_helpers.py`` here).
 """
 
 from __future__ import annotations
@@ -24,9 +24,10 @@ from sidecar_helpers import ALL_OPS, TOKEN, write_crews
 
 @pytest.fixture(scope="session")
 def crewai_storage(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    storage = tmp_path_factory.mktemp("crewai-storage")
-    os.environ["CREWAI_STORAGE_DIR"] = str(storage)
-    return storage
+    # tests/conftest.py normally chose a throw-away folder already; keep it
+    if "CREWAI_STORAGE_DIR" not in os.environ:
+        os.environ["CREWAI_STORAGE_DIR"] = str(tmp_path_factory.mktemp("crewai-storage"))
+    return Path(os.environ["CREWAI_STORAGE_DIR"])
 
 
 @pytest.fixture(scope="session")

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import urllib.request
 from pathlib import Path
 
 import pytest
-from sidecar_helpers import SidecarProcess, sidecar_env, write_crews
+from crewfence_sidecar.contract import job_path
+from sidecar_helpers import AUTH, SidecarProcess, sidecar_env, start_body, write_crews
 
 
 def _free_port() -> int:
@@ -133,3 +136,39 @@ def test_bad_crews_file_refuses_before_bind(tmp_path: Path, state: Path) -> None
     bad.write_text("crews:\n  x: {agents: {}, tasks: []}\n")
     line = _refused(tmp_path, sidecar_env(state / "journal.db", bad))
     assert "crews" in line
+
+
+def test_sigkill_mid_job_then_restart_reports_failed_and_uncertain(
+        tmp_path: Path, crews: Path, state: Path) -> None:
+    """The production start path (real executable, no zygote) across a SIGKILL."""
+    journal = state / "journal.db"
+    env = sidecar_env(journal, crews, CREWAI_STORAGE_DIR=str(tmp_path / "crewai"))
+
+    def call(url: str, body: dict[str, object] | None = None,
+             extra: dict[str, str] | None = None) -> tuple[int, dict[str, object]]:
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(url, data=data, headers={**AUTH, **(extra or {})},
+                                     method="POST" if body is not None else "GET")
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, json.loads(resp.read())
+
+    first = SidecarProcess([], env, tmp_path / "first.log").start().wait_listening()
+    _, health = call(f"{first.url}/health")
+    status, rec = call(f"{first.url}/jobs", start_body("ns/slow", topic="[[sleep:60]] x"),
+                       {"Idempotency-Key": "k", "Prefer": "respond-async"})
+    assert status == 202 and rec["status"] == "running"
+    first.kill()
+
+    second = SidecarProcess([], env, tmp_path / "second.log").start().wait_listening()
+    try:
+        _, health2 = call(f"{second.url}/health")
+        assert health2["journal_id"] == health["journal_id"]
+        _, after = call(f"{second.url}{job_path('ns/slow')}")
+        assert after["status"] == "failed" and after["uncertain_outcome"] is True
+        assert after["error"]["code"] == "sidecar_restarted"  # type: ignore[index]
+        # the exact repeat answers with that record and does not run the job again
+        status, repeat = call(f"{second.url}/jobs", start_body("ns/slow", topic="[[sleep:60]] x"),
+                              {"Idempotency-Key": "k", "Prefer": "respond-async"})
+        assert status == 200 and repeat == after
+    finally:
+        assert second.terminate() == 0

@@ -170,11 +170,22 @@ def rewrite(value: str, mounts: list[Mount]) -> str:
 # --- volumes ---------------------------------------------------------------------------------
 
 
-def apply_fs_group(root: Path, fs_group: int | None, read_only: bool) -> None:
-    """What the kubelet's SetVolumeOwnership does for a volume when the pod has an fsGroup."""
+def apply_fs_group(
+    root: Path, fs_group: int | None, read_only: bool, change_policy: str | None = None
+) -> None:
+    """What the kubelet's SetVolumeOwnership does for a volume when the pod has an fsGroup.
+
+    With `fsGroupChangePolicy: OnRootMismatch` the kubelet leaves the tree alone when the
+    volume root already has the group and permission bits (its skipPermissionChange).
+    """
     if fs_group is None:
         return
     mask = RO_MASK if read_only else RW_MASK
+    if change_policy == "OnRootMismatch":
+        root_stat = root.lstat()
+        wanted = mask | 0o2000 | EXEC_MASK
+        if root_stat.st_gid == fs_group and (root_stat.st_mode & wanted) == wanted:
+            return
     paths = [root]
     for dirpath, dirnames, filenames in os.walk(root):
         paths.extend(Path(dirpath) / name for name in (*dirnames, *filenames))
