@@ -39,7 +39,6 @@ import hashlib
 import os
 import threading
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -58,22 +57,14 @@ from crewfence_sidecar.contract import ARTIFACT_NAME_RE, Operation
 from crewfence_sidecar.crews import CrewCatalog
 from crewfence_sidecar.offline_llm import bind_cancel_event, resolve_llm, unbind_cancel_event
 from crewfence_sidecar.private_loop import on_loop, run_on_private_loop
+from crewfence_sidecar.runtime import JobContext
 
 T = TypeVar("T")
 EVENT_FLUSH_SECONDS = 30.0
 
 
-@dataclass(frozen=True)
-class ExecutionContext:
-    crew_id: str
-    action_id: str
-    operation: str
-    """A :class:`crewfence_sidecar.contract.Operation` value."""
-    input: dict[str, Any]
-    """Already validated by ``contract.validate_operation_input``."""
-    training_dir: Path | None
-    emit_chunk: Callable[[dict[str, Any]], Awaitable[None]]
-    """Appends the data of one ``chunk`` event."""
+# The runtime owns the job context; it stays free of crewai, so it is defined there.
+ExecutionContext = JobContext
 
 
 class ExecutionError(Exception):

@@ -38,14 +38,17 @@ log = logging.getLogger("crewfence.sidecar.runtime")
 
 @dataclass(frozen=True)
 class JobContext:
-    """What an executor needs; mirrors operations.ExecutionContext."""
+    """What an executor needs to run one admitted job."""
 
     crew_id: str
     action_id: str
     operation: str
+    """A :class:`crewfence_sidecar.contract.Operation` value."""
     input: dict[str, Any]
+    """Already validated by ``contract.validate_operation_input``."""
     training_dir: Path | None
     emit_chunk: Callable[[dict[str, Any]], Awaitable[None]]
+    """Appends the data of one ``chunk`` event."""
 
 
 class Executor(Protocol):

@@ -93,9 +93,7 @@ def crewai_executor(catalog: Any) -> Executor:
     from crewfence_sidecar import operations
 
     async def execute(ctx: JobContext) -> Any:
-        return await operations.execute(catalog, operations.ExecutionContext(
-            crew_id=ctx.crew_id, action_id=ctx.action_id, operation=ctx.operation,
-            input=ctx.input, training_dir=ctx.training_dir, emit_chunk=ctx.emit_chunk))
+        return await operations.execute(catalog, ctx)
 
     return execute
 
