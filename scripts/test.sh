@@ -9,7 +9,8 @@ bash scripts/bootstrap.sh
 export PATH="$PWD/.venv/bin:$PATH"
 
 echo "crewfence: building or reusing the Kubernetes binaries (etcd, kube-apiserver, kubectl, helm)"
-eval "$(python tests/e2e/cluster.py bin | grep '^KUBE_BIN=')"
+bin_output=$(python tests/e2e/cluster.py bin)
+KUBE_BIN=$(printf '%s\n' "$bin_output" | sed -n 's/^KUBE_BIN=//p')
 export KUBE_BIN
 
 echo "crewfence: ruff"
