@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from kubernetes import client, config
@@ -95,6 +96,17 @@ def patch_crew_status(namespace: str, name: str, status: dict[str, Any]) -> None
 
 # --- core objects ------------------------------------------------------------------------------
 
+def _succeeds_unless(status: int, call: Callable[[], object]) -> bool:
+    """Run one API call: True when it succeeds, False when it answers `status`, else raise."""
+    try:
+        call()
+    except ApiException as exc:
+        if exc.status == status:
+            return False
+        raise
+    return True
+
+
 def create_if_absent(body: dict[str, Any]) -> bool:
     """Create a namespaced core object; False when it already exists (never overwritten)."""
     kind, ns = body["kind"], body["metadata"]["namespace"]
@@ -106,13 +118,7 @@ def create_if_absent(body: dict[str, Any]) -> bool:
         "PersistentVolumeClaim": api.create_namespaced_persistent_volume_claim,
         "Pod": api.create_namespaced_pod,
     }
-    try:
-        creators[kind](ns, body)
-    except ApiException as exc:
-        if exc.status == 409:
-            return False
-        raise
-    return True
+    return _succeeds_unless(409, lambda: creators[kind](ns, body))
 
 
 def exists(kind: str, namespace: str, name: str) -> bool:
@@ -122,13 +128,7 @@ def exists(kind: str, namespace: str, name: str) -> bool:
         "Secret": api.read_namespaced_secret,
         "Service": api.read_namespaced_service,
     }
-    try:
-        readers[kind](name, namespace)
-    except ApiException as exc:
-        if exc.status == 404:
-            return False
-        raise
-    return True
+    return _succeeds_unless(404, lambda: readers[kind](name, namespace))
 
 
 def read_secret_value(namespace: str, name: str, key: str) -> str | None:

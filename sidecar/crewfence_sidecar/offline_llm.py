@@ -33,7 +33,8 @@ import threading
 import time
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -293,6 +294,16 @@ class OfflineLLM(BaseLLM):
         )
         return result
 
+    @contextmanager
+    def _failing_on_cancel(self, from_task: Any | None, from_agent: Any | None) -> Iterator[None]:
+        """A cancellation raised inside is reported to crewai's event bus as a failed call."""
+        try:
+            yield
+        except OfflineLLMCancelled as error:
+            self._emit_call_failed_event(error=str(error), from_task=from_task,
+                                         from_agent=from_agent)
+            raise
+
     def call(
         self,
         messages: str | list[LLMMessage],
@@ -306,7 +317,7 @@ class OfflineLLM(BaseLLM):
         with llm_call_context():
             prompt, delay = self._prepare(messages, from_task, from_agent, tools)
             event = _CANCEL_EVENT.get()
-            try:
+            with self._failing_on_cancel(from_task, from_agent):
                 _raise_if_cancelled(event)
                 if delay:
                     if event is None:
@@ -314,10 +325,6 @@ class OfflineLLM(BaseLLM):
                     else:
                         event.wait(delay)
                         _raise_if_cancelled(event)
-            except OfflineLLMCancelled as error:
-                self._emit_call_failed_event(error=str(error), from_task=from_task,
-                                             from_agent=from_agent)
-                raise
             return self._finish(messages, prompt, tools, from_task, from_agent, response_model)
 
     async def acall(
@@ -332,12 +339,8 @@ class OfflineLLM(BaseLLM):
     ) -> str | Any:
         with llm_call_context():
             prompt, delay = self._prepare(messages, from_task, from_agent, tools)
-            try:
+            with self._failing_on_cancel(from_task, from_agent):
                 _raise_if_cancelled(_CANCEL_EVENT.get())
-            except OfflineLLMCancelled as error:
-                self._emit_call_failed_event(error=str(error), from_task=from_task,
-                                             from_agent=from_agent)
-                raise
             if delay:
                 await asyncio.sleep(delay)
             return self._finish(messages, prompt, tools, from_task, from_agent, response_model)

@@ -16,28 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from chart_support import CHART, helm, install_chart, render_chart
 from harness.handles import Cluster
 
-REPO = Path(__file__).resolve().parents[2]
-CHART = REPO / "charts" / "crewfence"
 ARGO_FILES = CHART / "files" / "argocd"
 KEYS = {
     "resource.customizations.health.crewfence.dev_CrewJob": "crewjob-health.lua",
     "resource.customizations.health.crewfence.dev_Crew": "crew-health.lua",
 }
-
-
-def run_helm(cluster: Cluster, *args: str) -> str:
-    result = subprocess.run(
-        [str(cluster.kube_bin / "helm"), *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=cluster.env(),
-        check=False,
-    )
-    assert result.returncode == 0, f"helm {' '.join(args)}: {result.stderr}"
-    return result.stdout
 
 
 def test_hook_merges_health_checks_into_argocd_cm(cluster: Cluster, tmp_path: Path) -> None:
@@ -66,31 +52,16 @@ def test_hook_merges_health_checks_into_argocd_cm(cluster: Cluster, tmp_path: Pa
         }
     )
     try:
-        run_helm(
+        install_chart(
             cluster,
-            "install",
             release,
-            str(CHART),
-            "-n",
             namespace,
-            "--create-namespace",
             "--no-hooks",
             "--set",
             "webhook.failurePolicy=Ignore",
             *values,
         )
-        version = json.loads(cluster.kubectl("get", "--raw", "/version", check=True).stdout)
-        template = run_helm(
-            cluster,
-            "template",
-            release,
-            str(CHART),
-            "-n",
-            namespace,
-            "--kube-version",
-            version["gitVersion"],
-            *values,
-        )
+        template = render_chart(cluster, release, namespace, *values)
         rendered = [d for d in yaml.safe_load_all(template) if d]
         job = next(d for d in rendered if d["kind"] == "Job")
         source = next(
@@ -144,19 +115,15 @@ def test_hook_merges_health_checks_into_argocd_cm(cluster: Cluster, tmp_path: Pa
             assert merged[key] == value, f"the merge changed {key}"
         assert set(merged) == set(existing) | set(KEYS), json.dumps(sorted(merged))
     finally:
-        subprocess.run(
-            [
-                str(cluster.kube_bin / "helm"),
-                "uninstall",
-                release,
-                "-n",
-                namespace,
-                "--no-hooks",
-                "--wait=false",
-            ],
-            env=cluster.env(),
-            capture_output=True,
-            timeout=120,
+        helm(
+            cluster,
+            "uninstall",
+            release,
+            "-n",
+            namespace,
+            "--no-hooks",
+            "--wait=false",
             check=False,
+            timeout=120,
         )
         cluster.kubectl("delete", "namespace", namespace, argo_ns, "--wait=false")

@@ -15,20 +15,27 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import json
-import subprocess
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
-from harness.handles import Cluster, Operator, wait_until
+from chart_support import (
+    CHART,
+    crew_manifest,
+    crewjob_manifest,
+    delete_crew_and_job,
+    forbidden_lines,
+    helm,
+    install_chart,
+    wait_crewjob_finished,
+    wait_for_rbac,
+)
+from harness.handles import Cluster, Operator
 from prometheus_client.parser import text_string_to_metric_families
 
-REPO = Path(__file__).resolve().parents[2]
-CHART = REPO / "charts" / "crewfence"
 DASHBOARD = CHART / "files" / "dashboards" / "crewfence.json"
 
 
@@ -42,19 +49,6 @@ class Release:
         return f"{self.namespace}:{self.name}-crewfence-operator"
 
 
-def helm(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(
-        [str(cluster.kube_bin / "helm"), *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=cluster.env(),
-        check=False,
-    )
-    assert result.returncode == 0, f"helm {' '.join(args)}: {result.stderr}"
-    return result
-
-
 @pytest.fixture
 def install(cluster: Cluster) -> Iterator[Callable[..., Release]]:
     installed: list[Release] = []
@@ -63,17 +57,7 @@ def install(cluster: Cluster) -> Iterator[Callable[..., Release]]:
         suffix = uuid.uuid4().hex[:6]
         release = Release(name=f"cf{suffix}", namespace=f"crewfence-{suffix}")
         sets = [a for k, v in values.items() for a in ("--set-json", f"{k}={json.dumps(v)}")]
-        helm(
-            cluster,
-            "install",
-            release.name,
-            str(CHART),
-            "--namespace",
-            release.namespace,
-            "--create-namespace",
-            "--wait=false",
-            *sets,
-        )
+        install_chart(cluster, release.name, release.namespace, *sets)
         installed.append(release)
         return release
 
@@ -81,49 +65,6 @@ def install(cluster: Cluster) -> Iterator[Callable[..., Release]]:
     for release in installed:
         helm(cluster, "uninstall", release.name, "--namespace", release.namespace, "--wait=false")
         cluster.kubectl("delete", "namespace", release.namespace, "--wait=false")
-
-
-def crew_manifest(namespace: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "crewfence.dev/v1alpha1",
-        "kind": "Crew",
-        "metadata": {"name": "charted", "namespace": namespace},
-        "spec": {
-            "replicas": 1,
-            "operations": ["run"],
-            "llm": {"model": "crewfence/offline"},
-            "process": "sequential",
-            "agents": {
-                "researcher": {
-                    "role": "Researcher",
-                    "goal": "Research {topic}",
-                    "backstory": "Careful.",
-                }
-            },
-            "tasks": [
-                {
-                    "name": "research",
-                    "agent": "researcher",
-                    "description": "Research {topic}",
-                    "expected_output": "A summary",
-                }
-            ],
-            "storage": {"size": "64Mi"},
-        },
-    }
-
-
-def crewjob_manifest(namespace: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "crewfence.dev/v1alpha1",
-        "kind": "CrewJob",
-        "metadata": {"name": "charted-run", "namespace": namespace},
-        "spec": {
-            "crewRef": {"name": "charted"},
-            "operation": "run",
-            "input": {"topic": "helm charts"},
-        },
-    }
 
 
 def dashboard_operator_metrics() -> set[str]:
@@ -149,15 +90,9 @@ def scrape(url: str) -> tuple[set[str], set[str]]:
 
 
 def run_crewjob_as_chart_sa(cluster: Cluster, operator: Operator, namespace: str) -> dict[str, Any]:
-    cluster.apply(crew_manifest(namespace))
-    cluster.apply(crewjob_manifest(namespace))
-
-    def finished() -> dict[str, Any] | None:
-        job = cluster.get_json("crewjob", "charted-run", "-n", namespace)
-        phase = ((job or {}).get("status") or {}).get("phase")
-        return job if phase in {"Succeeded", "Failed", "Cancelled"} else None
-
-    job = wait_until(finished, timeout=240, what="the CrewJob to finish")
+    cluster.apply(crew_manifest("charted", namespace))
+    cluster.apply(crewjob_manifest("charted-run", namespace, crew="charted", topic="helm charts"))
+    job = wait_crewjob_finished(cluster, "charted-run", namespace)
     assert job["status"]["phase"] == "Succeeded", (job["status"], operator.logs()[-4000:])
     assert job["status"]["uncertainOutcome"] is False
     return job
@@ -171,31 +106,6 @@ def argo_health(script: str, obj: dict[str, Any]) -> str:
     lua.globals().obj = lua.table_from(obj, recursive=True)
     hs = lua.execute((CHART / "files" / "argocd" / script).read_text())
     return str(hs["status"])
-
-
-def forbidden_lines(operator: Operator, namespace: str) -> list[str]:
-    """403s the operator logged about this test's namespace or about cluster-scoped calls.
-
-    A cluster-wide operator may also pick up objects that earlier tests left in namespaces
-    being deleted; writes there are refused with 403 too, which says nothing about RBAC."""
-    return [
-        ln
-        for ln in operator.logs().splitlines()
-        if "forbidden" in ln.lower() and (namespace in ln or "e2e-" not in ln)
-    ]
-
-
-def wait_for_rbac(cluster: Cluster, service_account: str, namespace: str | None = None) -> None:
-    """The authorizer caches RBAC objects: wait until it knows the chart's fresh bindings."""
-    scope = ["-n", namespace] if namespace else ["-A"]
-
-    def allowed() -> bool:
-        result = cluster.kubectl(
-            "auth", "can-i", "list", "crewjobs.crewfence.dev", *scope, as_sa=service_account
-        )
-        return result.stdout.strip() == "yes"
-
-    wait_until(allowed, timeout=30, what=f"RBAC for {service_account}")
 
 
 def test_chart_rbac_runs_a_crewjob(
@@ -248,7 +158,8 @@ def test_chart_rbac_runs_a_crewjob(
     assert argo_health("crewjob-health.lua", job) == "Healthy"
     crew = cluster.get_json("crew", "charted", "-n", namespace)
     assert argo_health("crew-health.lua", crew) == "Healthy", crew.get("status")
-    assert not forbidden_lines(operator, namespace), forbidden_lines(operator, namespace)[:5]
+    denied = forbidden_lines(operator.logs(), namespace)
+    assert not denied, denied[:5]
 
     # The live operator's endpoint carries every operator metric the dashboard queries.
     samples, declared = scrape(operator.metrics_url)
@@ -271,10 +182,7 @@ def test_chart_rbac_runs_a_crewjob(
         p["containerPort"] for c in pod["spec"]["containers"] for p in c.get("ports", [])
     }
     assert {p["port"] for p in policy["spec"]["ingress"][0]["ports"]} <= sidecar_ports
-    cluster.kubectl(
-        "delete", "crewjob", "charted-run", "-n", namespace, "--timeout=60s", check=True
-    )
-    cluster.kubectl("delete", "crew", "charted", "-n", namespace, "--timeout=120s", check=True)
+    delete_crew_and_job(cluster, "charted", "charted-run", namespace)
 
 
 def test_namespaced_chart_rbac_runs_a_crewjob(
@@ -299,11 +207,9 @@ def test_namespaced_chart_rbac_runs_a_crewjob(
         service_account=release.service_account, webhook_mode="off", namespaces=(namespace,)
     )
     run_crewjob_as_chart_sa(cluster, operator, namespace)
-    assert not forbidden_lines(operator, namespace), forbidden_lines(operator, namespace)[:5]
-    cluster.kubectl(
-        "delete", "crewjob", "charted-run", "-n", namespace, "--timeout=60s", check=True
-    )
-    cluster.kubectl("delete", "crew", "charted", "-n", namespace, "--timeout=120s", check=True)
+    denied = forbidden_lines(operator.logs(), namespace)
+    assert not denied, denied[:5]
+    delete_crew_and_job(cluster, "charted", "charted-run", namespace)
 
 
 def webhook_tls(cluster: Cluster, release: Release) -> tuple[str, str, str]:

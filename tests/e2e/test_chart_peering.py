@@ -9,7 +9,6 @@ chart's peering name, the ordinal as priority).
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -20,43 +19,24 @@ from typing import Any
 
 import pytest
 import yaml
+from chart_support import (
+    crew_manifest,
+    crewjob_manifest,
+    delete_crew_and_job,
+    forbidden_lines,
+    helm,
+    install_chart,
+    render_chart,
+    wait_crewjob_finished,
+    wait_for_rbac,
+)
 from harness.handles import Cluster, Operator, wait_until
 from harness.operator_launch import OperatorLaunch, operator_command, operator_env
-
-REPO = Path(__file__).resolve().parents[2]
-CHART = REPO / "charts" / "crewfence"
-
-
-def helm(cluster: Cluster, *args: str) -> str:
-    result = subprocess.run(
-        [str(cluster.kube_bin / "helm"), *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=cluster.env(),
-        check=False,
-    )
-    assert result.returncode == 0, f"helm {' '.join(args)}: {result.stderr}"
-    return result.stdout
 
 
 def statefulset_env(cluster: Cluster, release: str, namespace: str, ordinal: int) -> dict[str, str]:
     """The operator settings the chart's StatefulSet gives pod <ordinal>."""
-    version = json.loads(cluster.kubectl("get", "--raw", "/version", check=True).stdout)
-    docs = yaml.safe_load_all(
-        helm(
-            cluster,
-            "template",
-            release,
-            str(CHART),
-            "-n",
-            namespace,
-            "--kube-version",
-            version["gitVersion"],
-            "--set",
-            "replicaCount=2",
-        )
-    )
+    docs = yaml.safe_load_all(render_chart(cluster, release, namespace, "--set", "replicaCount=2"))
     sts = next(d for d in docs if d and d["kind"] == "StatefulSet")
     env: dict[str, str] = {}
     for item in sts["spec"]["template"]["spec"]["containers"][0]["env"]:
@@ -74,15 +54,10 @@ def statefulset_env(cluster: Cluster, release: str, namespace: str, ordinal: int
 def peered_release(cluster: Cluster) -> Iterator[tuple[str, str]]:
     suffix = uuid.uuid4().hex[:6]
     release, namespace = f"peer{suffix}", f"crewfence-{suffix}"
-    helm(
+    install_chart(
         cluster,
-        "install",
         release,
-        str(CHART),
-        "-n",
         namespace,
-        "--create-namespace",
-        "--wait=false",
         "--set",
         "replicaCount=2",
         "--set",
@@ -98,19 +73,6 @@ def peered_release(cluster: Cluster) -> Iterator[tuple[str, str]]:
         cluster.kubectl(
             "delete", "crd", "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev", "--wait=false"
         )
-
-
-def wait_for_rbac(cluster: Cluster, service_account: str, namespace: str | None = None) -> None:
-    """The authorizer caches RBAC objects: wait until it knows the chart's fresh bindings."""
-    scope = ["-n", namespace] if namespace else ["-A"]
-
-    def allowed() -> bool:
-        result = cluster.kubectl(
-            "auth", "can-i", "list", "crewjobs.crewfence.dev", *scope, as_sa=service_account
-        )
-        return result.stdout.strip() == "yes"
-
-    wait_until(allowed, timeout=30, what=f"RBAC for {service_account}")
 
 
 def test_two_operators_peer_with_distinct_priorities(
@@ -159,28 +121,15 @@ def test_two_operators_peer_with_distinct_priorities(
         priorities = sorted(p.get("priority") for p in status.values())
         assert priorities == [0, 1], status
 
-        cluster.apply(crew_manifest(namespace))
-        cluster.apply(crewjob_manifest(namespace))
-
-        def finished() -> dict[str, Any] | None:
-            job = cluster.get_json("crewjob", "peered-run", "-n", namespace)
-            phase = ((job or {}).get("status") or {}).get("phase")
-            return job if phase in {"Succeeded", "Failed", "Cancelled"} else None
-
-        job = wait_until(finished, timeout=240, what="the CrewJob to finish")
+        cluster.apply(crew_manifest("peered", namespace))
+        cluster.apply(crewjob_manifest("peered-run", namespace, crew="peered", topic="peering"))
+        job = wait_crewjob_finished(cluster, "peered-run", namespace)
         assert job["status"]["phase"] == "Succeeded", job["status"]
         standby_log = (tmp_path / "peer0.log").read_text()
         assert "peered-run" not in standby_log, "the paused peer must not handle the CrewJob"
         for text in (active.logs(), standby_log):
-            assert not [
-                ln
-                for ln in text.splitlines()
-                if "forbidden" in ln.lower() and (namespace in ln or "e2e-" not in ln)
-            ]
-        cluster.kubectl(
-            "delete", "crewjob", "peered-run", "-n", namespace, "--timeout=60s", check=True
-        )
-        cluster.kubectl("delete", "crew", "peered", "-n", namespace, "--timeout=120s", check=True)
+            assert not forbidden_lines(text, namespace)
+        delete_crew_and_job(cluster, "peered", "peered-run", namespace)
     finally:
         os.killpg(standby.pid, signal.SIGTERM)
         try:
@@ -190,41 +139,3 @@ def test_two_operators_peer_with_distinct_priorities(
             standby.wait()
         log.close()
         active.stop()
-
-
-def crew_manifest(namespace: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "crewfence.dev/v1alpha1",
-        "kind": "Crew",
-        "metadata": {"name": "peered", "namespace": namespace},
-        "spec": {
-            "replicas": 1,
-            "operations": ["run"],
-            "llm": {"model": "crewfence/offline"},
-            "agents": {
-                "researcher": {
-                    "role": "Researcher",
-                    "goal": "Research {topic}",
-                    "backstory": "Careful.",
-                }
-            },
-            "tasks": [
-                {
-                    "name": "research",
-                    "agent": "researcher",
-                    "description": "Research {topic}",
-                    "expected_output": "A summary",
-                }
-            ],
-            "storage": {"size": "64Mi"},
-        },
-    }
-
-
-def crewjob_manifest(namespace: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "crewfence.dev/v1alpha1",
-        "kind": "CrewJob",
-        "metadata": {"name": "peered-run", "namespace": namespace},
-        "spec": {"crewRef": {"name": "peered"}, "operation": "run", "input": {"topic": "peering"}},
-    }

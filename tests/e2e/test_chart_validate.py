@@ -10,17 +10,14 @@ are only checked structurally in tests/chart/test_render.py.
 from __future__ import annotations
 
 import json
-import subprocess
 import uuid
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from chart_support import render_chart
 from harness.handles import Cluster
 
-REPO = Path(__file__).resolve().parents[2]
-CHART = REPO / "charts" / "crewfence"
 EXTERNAL_KINDS = {"Certificate", "Issuer", "ServiceMonitor", "PodMonitor"}
 
 VALUE_SETS: dict[str, dict[str, Any]] = {
@@ -49,26 +46,8 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
 
 
 def helm_template(cluster: Cluster, release: str, namespace: str, values: dict[str, Any]) -> str:
-    raw = cluster.kubectl("get", "--raw", "/version", check=True).stdout
-    server_version = json.loads(raw)
-    args = [
-        str(cluster.kube_bin / "helm"),
-        "template",
-        release,
-        str(CHART),
-        "--namespace",
-        namespace,
-        "--include-crds",
-        "--kube-version",
-        server_version["gitVersion"],
-    ]
-    for key, value in values.items():
-        args += ["--set-json", f"{key}={json.dumps(value)}"]
-    result = subprocess.run(
-        args, capture_output=True, text=True, timeout=120, env=cluster.env(), check=False
-    )
-    assert result.returncode == 0, result.stderr
-    return result.stdout
+    sets = [a for k, v in values.items() for a in ("--set-json", f"{k}={json.dumps(v)}")]
+    return render_chart(cluster, release, namespace, "--include-crds", *sets, timeout=120)
 
 
 def suffixed(values: dict[str, Any], suffix: str) -> dict[str, Any]:

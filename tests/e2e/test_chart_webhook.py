@@ -15,16 +15,13 @@ import http.client
 import json
 import socket
 import ssl
-import subprocess
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from chart_support import helm, install_chart, wait_for_rbac
 from harness.handles import Cluster, Operator, wait_until
-
-REPO = Path(__file__).resolve().parents[2]
-CHART = REPO / "charts" / "crewfence"
 
 
 class ServiceConnection(http.client.HTTPSConnection):
@@ -84,44 +81,12 @@ def crew(namespace: str, access_mode: str) -> dict[str, Any]:
     }
 
 
-def wait_for_rbac(cluster: Cluster, service_account: str) -> None:
-    """The authorizer caches RBAC objects: wait until it knows the chart's fresh bindings."""
-
-    def allowed() -> bool:
-        result = cluster.kubectl(
-            "auth", "can-i", "list", "crewjobs.crewfence.dev", "-A", as_sa=service_account
-        )
-        return result.stdout.strip() == "yes"
-
-    wait_until(allowed, timeout=30, what=f"RBAC for {service_account}")
-
-
 def test_operator_serves_the_chart_webhooks_with_the_chart_certificate(
     cluster: Cluster, operator_factory: Callable[..., Operator], namespace: str, tmp_path: Path
 ) -> None:
     suffix = uuid.uuid4().hex[:6]
     release, release_ns = f"hook{suffix}", f"crewfence-{suffix}"
-    helm = [str(cluster.kube_bin / "helm")]
-    result = subprocess.run(
-        [
-            *helm,
-            "install",
-            release,
-            str(CHART),
-            "-n",
-            release_ns,
-            "--create-namespace",
-            "--wait=false",
-            "--set",
-            "webhook.failurePolicy=Ignore",
-        ],
-        capture_output=True,
-        text=True,
-        env=cluster.env(),
-        timeout=300,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
+    install_chart(cluster, release, release_ns, "--set", "webhook.failurePolicy=Ignore")
     try:
         secret = cluster.get_json("secret", f"{release}-crewfence-webhook-tls", "-n", release_ns)
         certs = tmp_path / "webhook-tls"
@@ -195,11 +160,6 @@ def test_operator_serves_the_chart_webhooks_with_the_chart_certificate(
         pod_kind = {"group": "", "version": "v1", "kind": "Pod"}
         assert post("pods", review("pods", pod_kind, pod, namespace))["allowed"] is True
     finally:
-        subprocess.run(
-            [*helm, "uninstall", release, "-n", release_ns, "--wait=false"],
-            capture_output=True,
-            env=cluster.env(),
-            timeout=120,
-            check=False,
-        )
+        uninstall = ("uninstall", release, "-n", release_ns, "--wait=false")
+        helm(cluster, *uninstall, check=False, timeout=120)
         cluster.kubectl("delete", "namespace", release_ns, "--wait=false")

@@ -4,7 +4,6 @@ expected phase; together they run each of the seven operations through a CrewJob
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -13,12 +12,12 @@ from crewjob_support import (
     EXAMPLES,
     apply_file,
     condition,
+    crewjob_namespace,
     get_job,
     wait_crew_ready,
     wait_for,
     wait_phase,
 )
-from harness import controlplane
 from harness.handles import Cluster, Operator
 
 # file -> expected terminal phase (replay names a placeholder task id, see the file)
@@ -35,12 +34,8 @@ EXPECTED = {
 
 @pytest.fixture(scope="module")
 def examples_ns(cluster: Cluster) -> Iterator[str]:
-    name = f"e2e-cj-examples-{uuid.uuid4().hex[:6]}"
-    cluster.kubectl("create", "namespace", name, check=True)
-    controlplane.ensure_default_service_account(cluster.info, name)
-    yield name
-    cluster.kubectl("delete", "pods", "--all", "-n", name, "--wait=false")
-    cluster.kubectl("delete", "namespace", name, "--wait=false")
+    with crewjob_namespace(cluster, "e2e-cj-examples") as name:
+        yield name
 
 
 @pytest.fixture

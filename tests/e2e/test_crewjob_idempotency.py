@@ -3,45 +3,29 @@
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Iterator
 
 import pytest
-import yaml
 from crewfence_sidecar.contract import OPERATION_TRAITS, Operation
 from crewjob_support import (
-    EXAMPLES,
     apply_obj,
     condition,
     crewjob_manifest,
+    crewjob_namespace,
     get_job,
     llm_calls,
+    research_crew,
     wait_crew_ready,
     wait_for,
     wait_phase,
 )
-from harness import controlplane
 from harness.handles import Cluster, Operator
-
-
-def research_crew(replicas: int) -> dict:
-    crew = yaml.safe_load((EXAMPLES / "crew-research.yaml").read_text())
-    crew["spec"]["replicas"] = replicas
-    # Without knowledge sources: with them, a slow model call currently blocks the sidecar's
-    # event loop (cancel and reads time out until it returns) - reported to the sidecar owners;
-    # examples/crew-research.yaml itself (with knowledge) is covered by test_crewjob_examples.
-    crew["spec"].pop("knowledge", None)
-    return crew
 
 
 @pytest.fixture(scope="module")
 def ident_ns(cluster: Cluster) -> Iterator[str]:
-    name = f"e2e-cj-ident-{uuid.uuid4().hex[:6]}"
-    cluster.kubectl("create", "namespace", name, check=True)
-    controlplane.ensure_default_service_account(cluster.info, name)
-    yield name
-    cluster.kubectl("delete", "pods", "--all", "-n", name, "--wait=false")
-    cluster.kubectl("delete", "namespace", name, "--wait=false")
+    with crewjob_namespace(cluster, "e2e-cj-ident") as name:
+        yield name
 
 
 @pytest.fixture

@@ -5,9 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-import yaml
 from crewjob_support import (
-    EXAMPLES,
     TERMINAL,
     apply_obj,
     condition,
@@ -18,6 +16,7 @@ from crewjob_support import (
     llm_calls,
     metric_total,
     operator_metric,
+    research_crew,
     sidecar_get,
     sidecar_record,
     wait_crew_ready,
@@ -28,16 +27,6 @@ from crewjob_support import (
 from harness.handles import Cluster, Operator
 
 pytestmark = pytest.mark.slow
-
-
-def research_crew(replicas: int) -> dict:
-    crew = yaml.safe_load((EXAMPLES / "crew-research.yaml").read_text())
-    crew["spec"]["replicas"] = replicas
-    # Without knowledge sources: with them, a slow model call currently blocks the sidecar's
-    # event loop (cancel and reads time out until it returns) - reported to the sidecar owners;
-    # examples/crew-research.yaml itself (with knowledge) is covered by test_crewjob_examples.
-    crew["spec"].pop("knowledge", None)
-    return crew
 
 
 @pytest.fixture
