@@ -291,14 +291,20 @@ class PodWorker:
         mounts = self._mounts(spec)
         rootfs = self.dir / "rootfs"
         rootfs.mkdir(exist_ok=True)
-        env = {"PATH": BASE_PATH, "HOME": str(rootfs), "HOSTNAME": self.name, "LANG": "C.UTF-8"}
-        env.update(await container_env(self.runner.api, self._ctx(), spec))
+        # Only the Pod's own values name in-pod paths; the runner's host paths (the venv on PATH,
+        # the pod's rootfs) must never be rewritten, even when they live under a mount path
+        # such as /tmp (a checkout in /tmp would otherwise lose its venv).
+        env = {"HOSTNAME": self.name, "LANG": "C.UTF-8"}
         if any(m.mount_path.rstrip("/") == "/tmp" for m in mounts):
             env["TMPDIR"] = "/tmp"
+        env.update(await container_env(self.runner.api, self._ctx(), spec))
         env = {k: rewrite(v, mounts) for k, v in env.items()}
+        env.setdefault("HOME", str(rootfs))
+        env["PATH"] = f"{VENV_BIN}:{env['PATH']}" if "PATH" in env else BASE_PATH
         argv = [expand(a, env) for a in (spec.get("command") or []) + (spec.get("args") or [])]
         argv = resolve_command(argv, env["PATH"], mounts)
-        cwd = Path(rewrite(spec.get("workingDir") or str(rootfs), mounts))
+        working_dir = spec.get("workingDir")
+        cwd = Path(rewrite(working_dir, mounts)) if working_dir else rootfs
         if not cwd.is_relative_to(rootfs) and not any(
             cwd.is_relative_to(m.host_path) for m in mounts
         ):
