@@ -133,3 +133,26 @@ def test_deletion_cancels_or_orphans(cluster: Cluster, ns: str) -> None:
                                  f"{ns}/del-orphan")
     assert cancelled is not None and cancelled["status"] == "cancelled"
     assert orphaned is not None and orphaned["status"] == "running"
+
+
+def test_deletion_while_the_operator_is_down_still_cancels(
+        cluster: Cluster, ns: str, operator_process: Operator) -> None:
+    """kopf spawns no daemon for an object already being deleted: the deletion handler must
+    still ask the sidecar to cancel before the finalizer goes (deletionPolicy Cancel)."""
+    job = crewjob_manifest("del-while-down", "run", {"topic": "[[sleep:120]] del-while-down"})
+    assert apply_obj(cluster, job, ns).returncode == 0
+    running = wait_phase(cluster, ns, "del-while-down", ("Running",), timeout=180)
+    ordinal = running["status"]["assignment"]["ordinal"]
+    operator_process.kill()
+    assert not operator_process.alive()
+    cluster.kubectl("delete", "crewjob", "del-while-down", "-n", ns, "--wait=false", check=True)
+    held = get_job(cluster, ns, "del-while-down")
+    assert held is not None and held["metadata"].get("deletionTimestamp")  # the finalizer holds
+    operator_process.start()
+
+    def gone() -> bool:
+        return get_job(cluster, ns, "del-while-down") is None
+
+    wait_for(gone, timeout=180, what="the deleted CrewJob released by the restarted operator")
+    _, record = sidecar_record(cluster, ns, "research", ordinal, f"{ns}/del-while-down")
+    assert record is not None and record["status"] == "cancelled"

@@ -694,6 +694,11 @@ def is_live(status: Mapping[str, Any] | None, **_: Any) -> bool:
     return (status or {}).get("phase") not in {p.value for p in outcome.TERMINAL_PHASES}
 
 
+# uids of CrewJobs with a daemon in this process (kept after a deletion stop, until the
+# deletion handler has seen it).
+_daemon_uids: set[str] = set()
+
+
 async def _wait_stopped(stopped: kopf.DaemonStopped) -> None:
     await stopped.wait()
 
@@ -703,6 +708,9 @@ async def _wait_stopped(stopped: kopf.DaemonStopped) -> None:
 @kopf.daemon(c.GROUP, c.VERSION, c.CREWJOB_PLURAL, id=DAEMON_ID, when=is_live,
              cancellation_polling=1.0)
 async def crewjob_daemon(stopped: kopf.DaemonStopped, body: kopf.Body, **_: Any) -> None:
+    uid = str(body["metadata"]["uid"])
+    _daemon_uids.add(uid)  # the deletion handler leaves a deletion to this daemon
+    deleted = False
     runner = JobRunner(body)
     work = asyncio.create_task(runner.run(), name=f"crewjob {runner.namespace}/{runner.name}")
     stop = asyncio.create_task(_wait_stopped(stopped))
@@ -722,11 +730,33 @@ async def crewjob_daemon(stopped: kopf.DaemonStopped, body: kopf.Body, **_: Any)
         with contextlib.suppress(asyncio.CancelledError, ObjectGone, Exception):
             await work
         if reason & kopf.DaemonStoppingReason.RESOURCE_DELETED:
+            deleted = True
             await cancel_on_deletion(runner)
     finally:
         stop.cancel()
         if not work.done():
             work.cancel()
+        if not deleted:
+            _daemon_uids.discard(uid)
+
+
+# kopf starts no daemon for an object that is already being deleted, so a CrewJob deleted
+# while the operator was down would lose its finalizer without the cancel that
+# deletionPolicy Cancel promises. This handler covers exactly that case; when a daemon of this
+# process runs for the CrewJob, kopf stops it on deletion and the daemon does the cancel.
+@kopf.on.delete(c.GROUP, c.VERSION, c.CREWJOB_PLURAL, id="crewjob-deletion", when=is_live)
+async def crewjob_deleted(body: kopf.Body, **_: Any) -> None:
+    uid = str(body["metadata"]["uid"])
+    if uid in _daemon_uids:
+        _daemon_uids.discard(uid)
+        return
+    runner = JobRunner(body)
+    try:
+        runner.spec = JobSpec.from_resource(runner.namespace, runner.name,
+                                            body.get("spec") or {})
+    except SpecError:
+        return  # never admitted: nothing to cancel
+    await cancel_on_deletion(runner)
 
 
 # The phase gauge, kept from the watch stream itself (no API calls, no writes).
