@@ -8,12 +8,16 @@ as the global `obj` and returns the table `hs`.
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+# Test modules import shared helpers (status_objects) from this folder.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 ARGOCD_DIR = Path(__file__).resolve().parents[2] / "charts" / "crewfence" / "files" / "argocd"
 LUA_MODULES = ("lupa.lua51", "lupa.lua54")

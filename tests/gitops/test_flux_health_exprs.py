@@ -14,6 +14,7 @@ import pytest
 import yaml
 from cel_expr_python import cel
 from cel_expr_python.ext.ext_optional import ExtOptional
+from status_objects import crewjob
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "gitops-flux.md"
 
@@ -41,22 +42,6 @@ def flux_status(kind: str, obj: dict[str, Any]) -> str:
         if key in exprs and env.compile(exprs[key]).eval(data=data).plain_value() is True:
             return result
     return "InProgress"
-
-
-def crewjob(
-    status: dict[str, Any] | None,
-    generation: int = 1,
-    cancel: bool = False,
-) -> dict[str, Any]:
-    obj: dict[str, Any] = {
-        "apiVersion": "crewfence.dev/v1alpha1",
-        "kind": "CrewJob",
-        "metadata": {"name": "j", "namespace": "team-a", "generation": generation},
-        "spec": {"crewRef": {"name": "research"}, "operation": "run", "cancel": cancel},
-    }
-    if status is not None:
-        obj["status"] = status
-    return obj
 
 
 def observed(phase: str | None, **extra: Any) -> dict[str, Any]:
