@@ -48,7 +48,20 @@ TARGETS = (
     Target(
         "helm",
         f"helm.sh/helm/v3/cmd/helm@{versions.HELM_VERSION}",
-        f"-X helm.sh/helm/v3/internal/version.version={versions.HELM_VERSION}",
+        " ".join(
+            f"-X helm.sh/helm/v3/{var}={value}"
+            for var, value in (
+                ("internal/version.version", versions.HELM_VERSION),
+                ("internal/version.metadata", ""),
+                ("internal/version.gitTreeState", "clean"),
+                # As helm's own release build (its Makefile) does: without these, helm assumes
+                # Kubernetes v1.20 when no cluster is asked and refuses a chart's kubeVersion.
+                ("pkg/lint/rules.k8sVersionMajor", versions.HELM_KUBE_MAJOR),
+                ("pkg/lint/rules.k8sVersionMinor", versions.HELM_KUBE_MINOR),
+                ("pkg/chartutil.k8sVersionMajor", versions.HELM_KUBE_MAJOR),
+                ("pkg/chartutil.k8sVersionMinor", versions.HELM_KUBE_MINOR),
+            )
+        ),
     ),
     Target("kube-controller-manager", "k8s.io/kubernetes/cmd/kube-controller-manager", _KUBE_X),
 )

@@ -11,6 +11,12 @@ STAGING_VERSION = "v0.36.3"
 # The etcd release that k8s.io/kubernetes v1.36.3 itself requires (see its go.mod).
 ETCD_VERSION = "v3.6.8"
 HELM_VERSION = "v3.22.0"
+# Helm's release build derives its default Kubernetes version from the client-go it requires
+# (v0.37.0 for helm v3.22.0 -> 1.37); tests/e2e/test_helm_build.py checks it against go.mod.
+HELM_KUBE_MAJOR = "1"
+HELM_KUBE_MINOR = "37"
+# Bumped when the way a binary is built changes, so a cache built the old way is not reused.
+BUILD_REVISION = 2
 
 KUBEBUILD_DIR = Path(__file__).resolve().parent.parent / "kubebuild"
 REQUIRED_BINARIES = ("etcd", "kube-apiserver", "kubectl", "helm")
@@ -19,7 +25,7 @@ OPTIONAL_BINARIES = ("kube-controller-manager",)
 
 def cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    key = f"{KUBERNETES_VERSION}-{ETCD_VERSION}-{HELM_VERSION}"
+    key = f"{KUBERNETES_VERSION}-{ETCD_VERSION}-{HELM_VERSION}-b{BUILD_REVISION}"
     return Path(base) / "crewfence" / "kube" / key
 
 
