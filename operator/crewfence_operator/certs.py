@@ -1,5 +1,6 @@
-"""Self-signed webhook certificates made with ``cryptography`` (kopf's helper needs oscrypto,
-which fails on OpenSSL 3)."""
+"""Certificates made with ``cryptography`` (kopf's helper needs oscrypto, which fails on
+OpenSSL 3): the webhook's self-signed CA and serving certificate, and the building blocks of
+the per-Crew CA (``new_ca``, ``issue``) for operator <-> sidecar mutual TLS."""
 
 from __future__ import annotations
 
@@ -36,18 +37,36 @@ def _san(names: Iterable[str]) -> x509.SubjectAlternativeName:
     return x509.SubjectAlternativeName(entries)
 
 
-def generate(directory: Path, hosts: Iterable[str], days: int = 365) -> CertFiles:
-    """Write ca.crt, tls.crt and tls.key (mode 0600) for ``hosts`` into ``directory``."""
-    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    now = dt.datetime.now(dt.UTC)
-    hosts = list(hosts)
+@dataclass(frozen=True)
+class Issued:
+    """A key and its certificate (PEM). ``key_pem`` is a secret: never log or repr it."""
 
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "crewfence webhook CA")])
-    ca_cert = (
+    cert: x509.Certificate
+    key: ec.EllipticCurvePrivateKey
+
+    @property
+    def cert_pem(self) -> bytes:
+        return self.cert.public_bytes(serialization.Encoding.PEM)
+
+    @property
+    def key_pem(self) -> bytes:
+        return self.key.private_bytes(serialization.Encoding.PEM,
+                                      serialization.PrivateFormat.PKCS8,
+                                      serialization.NoEncryption())
+
+    def __repr__(self) -> str:
+        return f"Issued(subject={self.cert.subject.rfc4514_string()!r})"
+
+
+def new_ca(common_name: str, days: int = 365) -> Issued:
+    """A self-signed CA (EC P-256) that may sign leaf certificates only (path length 0)."""
+    now = dt.datetime.now(dt.UTC)
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    cert = (
         x509.CertificateBuilder()
-        .subject_name(ca_name).issuer_name(ca_name)
-        .public_key(ca_key.public_key())
+        .subject_name(name).issuer_name(name)
+        .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - dt.timedelta(minutes=5))
         .not_valid_after(now + dt.timedelta(days=days))
@@ -56,34 +75,59 @@ def generate(directory: Path, hosts: Iterable[str], days: int = 365) -> CertFile
             digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
             key_encipherment=False, data_encipherment=False, key_agreement=False,
             encipher_only=False, decipher_only=False), critical=True)
-        .sign(ca_key, hashes.SHA256())
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()),
+                       critical=False)
+        .sign(key, hashes.SHA256())
     )
+    return Issued(cert, key)
 
+
+def issue(ca: Issued, common_name: str, *, hosts: Iterable[str] = (), server: bool = True,
+          client: bool = False, lifetime: dt.timedelta = dt.timedelta(days=365)) -> Issued:
+    """A leaf certificate signed by ``ca``: SANs from ``hosts`` (IPs become IP SANs)."""
+    now = dt.datetime.now(dt.UTC)
     key = ec.generate_private_key(ec.SECP256R1())
-    cert = (
+    usages = ([ExtendedKeyUsageOID.SERVER_AUTH] if server else []) + \
+        ([ExtendedKeyUsageOID.CLIENT_AUTH] if client else [])
+    builder = (
         x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
-        .issuer_name(ca_name)
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
+        .issuer_name(ca.cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=days))
-        .add_extension(_san(hosts), critical=False)
+        .not_valid_after(now + lifetime)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .sign(ca_key, hashes.SHA256())
+        .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.key.public_key()),
+                       critical=False)
     )
+    hosts = list(hosts)
+    if hosts:
+        builder = builder.add_extension(_san(hosts), critical=False)
+    return Issued(builder.sign(ca.key, hashes.SHA256()), key)
 
+
+def write_private(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` with mode 0600 from the first byte (atomic replace)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+    os.replace(tmp, path)
+
+
+def generate(directory: Path, hosts: Iterable[str], days: int = 365) -> CertFiles:
+    """Write ca.crt, tls.crt and tls.key (mode 0600) for ``hosts`` into ``directory``."""
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    hosts = list(hosts)
+    ca = new_ca("crewfence webhook CA", days)
+    leaf = issue(ca, hosts[0], hosts=hosts, lifetime=dt.timedelta(days=days))
     files = CertFiles(cert=directory / "tls.crt", key=directory / "tls.key",
                       ca=directory / "ca.crt")
-    files.ca.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
-    files.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM)
-                           + ca_cert.public_bytes(serialization.Encoding.PEM))
-    fd = os.open(files.key, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(key.private_bytes(serialization.Encoding.PEM,
-                                       serialization.PrivateFormat.PKCS8,
-                                       serialization.NoEncryption()))
+    files.ca.write_bytes(ca.cert_pem)
+    files.cert.write_bytes(leaf.cert_pem + ca.cert_pem)
+    write_private(files.key, leaf.key_pem)
     return files
 
 

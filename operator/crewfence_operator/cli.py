@@ -33,6 +33,8 @@ def build_parser(defaults: OperatorConfig) -> argparse.ArgumentParser:
     p.add_argument("--priority", type=int, default=None,
                    help="peering priority; replicas must differ (equal priorities all freeze)")
     p.add_argument("--liveness-port", type=int, default=None, help="kopf /healthz port (8080)")
+    p.add_argument("--readiness-port", type=int, default=None,
+                   help="/readyz port (8081): connected to the API server, admission serving")
     p.add_argument("--metrics-port", type=int, default=None, help="Prometheus port (9090)")
     p.add_argument("--metrics-addr", default=None, help="Prometheus bind address (0.0.0.0)")
     p.add_argument("--sidecar-image", default=None, help="image for Crews without spec.image")
@@ -42,8 +44,9 @@ def build_parser(defaults: OperatorConfig) -> argparse.ArgumentParser:
     p.add_argument("--audit-interval", type=float, default=None,
                    help="seconds between shared-state audits (15)")
     p.add_argument("--webhook-mode", choices=[m.value for m in WebhookMode], default=None,
-                   help="off; managed (out of cluster: kopf manages a URL webhook "
-                        "configuration); service (in cluster: the chart ships the configuration)")
+                   help="off; managed (out of cluster: the operator installs the admission "
+                        "policies and a URL webhook configuration); service (in cluster: the "
+                        "chart ships them)")
     p.add_argument("--webhook-addr", default=None, help="webhook listen address (127.0.0.1)")
     p.add_argument("--webhook-port", type=int, default=None, help="webhook port (9443)")
     p.add_argument("--webhook-host", default=None,
@@ -71,6 +74,9 @@ def parse_config(argv: Sequence[str] | None = None,
         host=args.webhook_host or cfg.webhook.host,
         cert_dir=args.webhook_cert_dir or cfg.webhook.cert_dir,
         config_name=str(pick(args.webhook_config_name, cfg.webhook.config_name)),
+        tls_secret=cfg.webhook.tls_secret,
+        configuration=cfg.webhook.configuration,
+        service_name=cfg.webhook.service_name,
     )
     if webhook.config_name.count(".") < 1:
         raise SystemExit("crewfence-operator: --webhook-config-name must be a dotted name "
@@ -93,6 +99,7 @@ def parse_config(argv: Sequence[str] | None = None,
         peering_name=peering_name,
         priority=args.priority if args.priority is not None else cfg.priority,
         liveness_port=args.liveness_port or cfg.liveness_port,
+        readiness_port=args.readiness_port or cfg.readiness_port,
         metrics_port=args.metrics_port or cfg.metrics_port,
         metrics_addr=args.metrics_addr or cfg.metrics_addr,
         sidecar_image=args.sidecar_image or cfg.sidecar_image,

@@ -17,7 +17,8 @@ class WebhookMode(StrEnum):
     OFF = "off"
     """No admission server (the audit and the operator's own rules still fence)."""
     MANAGED = "managed"
-    """Out of cluster: kopf manages a ValidatingWebhookConfiguration with a URL client config."""
+    """Out of cluster: the operator installs the chart's admission policies and a URL
+    ValidatingWebhookConfiguration scoped like the chart's (admission_install.py)."""
     SERVICE = "service"
     """In cluster: serve only; the chart ships a Service-based configuration."""
 
@@ -32,6 +33,15 @@ class WebhookConfig:
     cert_dir: str | None = None
     """Where to write (or find) ``tls.crt``/``tls.key``/``ca.crt``; a temp dir when unset."""
     config_name: str = c.WEBHOOK_CONFIG_NAME
+    """Name of the ValidatingWebhookConfiguration the operator writes (managed mode)."""
+    tls_secret: str | None = None
+    """``namespace/name`` of the Secret where the operator keeps its serving certificate (in
+    cluster without cert-manager); unset: mounted files or a per-process certificate."""
+    configuration: str | None = None
+    """The chart's ValidatingWebhookConfiguration, whose caBundle the operator keeps current."""
+    service_name: str | None = None
+    """The webhook Service (the kept certificate's DNS names); default: the Secret's name
+    without ``-tls``."""
 
 
 @dataclass(frozen=True)
@@ -42,11 +52,15 @@ class OperatorConfig:
     peering_name: str = c.PEERING_DEFAULT_NAME
     priority: int = 0
     liveness_port: int = 8080
+    readiness_port: int = 8081
     metrics_port: int = 9090
     metrics_addr: str = "0.0.0.0"  # noqa: S104 - scraped by Prometheus from outside the pod
     sidecar_image: str = c.DEFAULT_IMAGE
     image_pull_policy: str = "IfNotPresent"
     sidecar_port: int = c.SIDECAR_PORT
+    sidecar_tls: bool = False
+    """Operator <-> sidecar over mutual TLS with a CA per Crew; the token, keys and the LLM
+    API key as files (``crew/tls.py``, ``crew/credentials.py``)."""
     status_interval: float = 5.0
     """Seconds between replica status refreshes (per Crew daemon)."""
     audit_interval: float = 15.0
@@ -90,6 +104,9 @@ class OperatorConfig:
             host=get("WEBHOOK_HOST"),
             cert_dir=get("WEBHOOK_CERT_DIR"),
             config_name=get("WEBHOOK_CONFIG_NAME") or c.WEBHOOK_CONFIG_NAME,
+            tls_secret=get("WEBHOOK_TLS_SECRET"),
+            configuration=get("WEBHOOK_CONFIGURATION"),
+            service_name=get("WEBHOOK_SERVICE"),
         )
         return cls(
             namespaces=namespaces,
@@ -98,9 +115,11 @@ class OperatorConfig:
             peering_name=get("PEERING") or c.PEERING_DEFAULT_NAME,
             priority=get_int("PRIORITY", 0),
             liveness_port=get_int("LIVENESS_PORT", 8080),
+            readiness_port=get_int("READINESS_PORT", 8081),
             metrics_port=get_int("METRICS_PORT", 9090),
             sidecar_image=get("SIDECAR_IMAGE") or c.DEFAULT_IMAGE,
             image_pull_policy=get("IMAGE_PULL_POLICY") or "IfNotPresent",
+            sidecar_tls=get_bool("SIDECAR_TLS", False),
             status_interval=get_float("STATUS_INTERVAL", 5.0),
             audit_interval=get_float("AUDIT_INTERVAL", 15.0),
             health_timeout=get_float("HEALTH_TIMEOUT", 3.0),

@@ -6,14 +6,15 @@ crewfence_operator.main`` works too and reads the configuration from the environ
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
 import kopf
 
-from crewfence_operator import config
+from crewfence_operator import certs, config, readiness
 from crewfence_operator import constants as c
-from crewfence_operator.handlers import audit, crew, webhook
+from crewfence_operator.handlers import audit, crew, resolution, webhook
 
 try:  # the CrewJob half (OPERATOR-CREWJOB) registers its handlers on import
     from crewfence_operator.handlers import crewjob
@@ -22,13 +23,14 @@ except ImportError as exc:  # pragma: no cover - only while that module does not
         raise
     crewjob = None  # type: ignore[assignment]
 
-__all__ = ["audit", "crew", "crewjob", "webhook"]
+__all__ = ["audit", "crew", "crewjob", "resolution", "webhook"]
 
 if config.current().webhook.mode is not config.WebhookMode.OFF:
     webhook.register()
 
 
-def apply_settings(settings: kopf.OperatorSettings, cfg: config.OperatorConfig) -> None:
+def apply_settings(settings: kopf.OperatorSettings, cfg: config.OperatorConfig,
+                   webhook_files: certs.CertFiles | None = None) -> None:
     """kopf identity under crewfence.dev, chosen once (it is stored on every object)."""
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=c.KOPF_PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
@@ -44,9 +46,18 @@ def apply_settings(settings: kopf.OperatorSettings, cfg: config.OperatorConfig) 
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
     settings.networking.request_timeout = 60
-    webhook.configure(settings, cfg.webhook)
+    webhook.configure(settings, cfg.webhook, webhook_files)
 
 
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
-    apply_settings(settings, config.current())
+    cfg = config.current()
+    # Certificate and (out of cluster) the admission policies/configuration: blocking API calls.
+    files = await asyncio.to_thread(webhook.prepare, cfg)
+    apply_settings(settings, cfg, files)
+    await readiness.start(cfg)
+
+
+@kopf.on.cleanup()
+async def cleanup(**_: Any) -> None:
+    await readiness.stop()

@@ -5,9 +5,11 @@ Both handler halves record through the ``observe_*`` helpers here so the names s
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+from collections.abc import Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -73,6 +75,67 @@ def observe_fenced_replicas(crew_key: str, fenced: int) -> None:
     FENCED_REPLICAS.set(sum(_fenced_by_crew.values()))
 
 
+ADMISSION_REQUESTS = Counter(
+    "crewfence_operator_admission_requests_total",
+    "Admission reviews that reached the operator's webhook, by resource (pods that mount no "
+    "claim never do: the webhook's matchConditions keep them away).",
+    ["resource"], registry=REGISTRY,
+)
+
+
+def observe_admission_request(resource: str) -> None:
+    ADMISSION_REQUESTS.labels(resource=resource).inc()
+
+
 def serve(port: int, addr: str = "0.0.0.0") -> None:  # noqa: S104 - scraped from outside the pod
     """Serve /metrics on a background thread (prometheus-client's own server)."""
     start_http_server(port, addr=addr, registry=REGISTRY)
+
+
+# --- unresolved uncertain outcomes (computed at scrape time from the watch stream) -----------
+class _UnresolvedUncertain:
+    """Gauges of CrewJobs whose uncertain outcome nobody has resolved yet.
+
+    Fed by the CrewJob watch (no API calls); the oldest age is computed when scraped, so an
+    alert on it needs no writes while a job waits for a person.
+    """
+
+    def __init__(self) -> None:
+        self.jobs: dict[tuple[str, str], tuple[str, str, float]] = {}
+
+    def collect(self) -> Iterator[Metric]:
+        counts: dict[tuple[str, str, str], int] = {}
+        oldest: dict[str, float] = {}
+        for (namespace, _name), (crew, reason, since) in self.jobs.items():
+            key = (namespace, crew, reason)
+            counts[key] = counts.get(key, 0) + 1
+            oldest[namespace] = min(since, oldest.get(namespace, since))
+        jobs = GaugeMetricFamily(
+            "crewfence_operator_unresolved_uncertain_crewjobs",
+            "CrewJobs with an uncertain outcome and no accepted resolution.",
+            labels=["namespace", "crew", "reason"])
+        for (namespace, crew, reason), count in sorted(counts.items()):
+            jobs.add_metric([namespace, crew, reason], count)
+        yield jobs
+        age = GaugeMetricFamily(
+            "crewfence_operator_oldest_unresolved_uncertain_seconds",
+            "Age of the oldest unresolved uncertain outcome (since it became uncertain).",
+            labels=["namespace"])
+        now = time.time()
+        for namespace, since in sorted(oldest.items()):
+            age.add_metric([namespace], max(0.0, now - since))
+        yield age
+
+
+UNRESOLVED_UNCERTAIN = _UnresolvedUncertain()
+REGISTRY.register(UNRESOLVED_UNCERTAIN)
+
+
+def observe_unresolved_uncertain(namespace: str, name: str,
+                                 entry: tuple[str, str, float] | None) -> None:
+    """Track one CrewJob: ``(crew, reason, since_epoch_seconds)`` while it is uncertain and
+    unresolved, None otherwise (resolved, certain, deleted)."""
+    if entry is None:
+        UNRESOLVED_UNCERTAIN.jobs.pop((namespace, name), None)
+    else:
+        UNRESOLVED_UNCERTAIN.jobs[(namespace, name)] = entry

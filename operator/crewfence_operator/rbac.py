@@ -25,8 +25,10 @@ OPERATOR_RULES: Final[list[PolicyRule]] = [
      "verbs": ["get", "list", "watch", "create", "delete", "patch"]},
     # Headless Service per Crew.
     {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "create"]},
-    # Token Secret per Crew (created once; read back for /health and by the CrewJob handler).
-    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create"]},
+    # Token Secret per Crew (created once; read back for /health and by the CrewJob handler);
+    # with sidecar TLS also the Crew CA and each replica's TLS Secret, re-issued in place
+    # (update) before expiry (crew/tls_secrets.py).
+    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create", "update"]},
     # Crews file per Crew; CrewJob full-output ConfigMaps (handlers/crewjob.py).
     {"apiGroups": [""], "resources": ["configmaps"],
      "verbs": ["get", "list", "create", "patch", "update", "delete"]},
@@ -42,14 +44,16 @@ OPERATOR_RULES: Final[list[PolicyRule]] = [
 ]
 
 WEBHOOK_MANAGED_RULES: Final[list[PolicyRule]] = [
-    # --webhook-mode managed only (out of cluster): kopf creates and patches the configuration.
+    # --webhook-mode managed only (out of cluster): admission_install.py server-side applies
+    # the chart's policies, their bindings and a URL webhook configuration.
     {"apiGroups": ["admissionregistration.k8s.io"],
-     "resources": ["validatingwebhookconfigurations", "mutatingwebhookconfigurations"],
-     "verbs": ["get", "list", "watch", "create", "patch"]},
+     "resources": ["validatingwebhookconfigurations", "validatingadmissionpolicies",
+                   "validatingadmissionpolicybindings"],
+     "verbs": ["get", "create", "patch"]},
 ]
 
 
 def rules(*, managed_webhook: bool = False) -> list[PolicyRule]:
-    """The ClusterRole rules; ``managed_webhook`` adds what kopf's managed mode needs."""
+    """The ClusterRole rules; ``managed_webhook`` adds what the out-of-cluster mode needs."""
     extra = WEBHOOK_MANAGED_RULES if managed_webhook else []
     return [dict(rule) for rule in (*OPERATOR_RULES, *extra)]

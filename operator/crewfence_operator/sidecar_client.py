@@ -11,6 +11,7 @@ The bearer token never appears in a message, a log line or a repr.
 from __future__ import annotations
 
 import json
+import ssl
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -100,18 +101,27 @@ class Endpoint:
     address: str
     """``host:port`` (IPv6 hosts in brackets)."""
     token: str = field(repr=False)
+    ssl_context: ssl.SSLContext | None = field(default=None, repr=False, compare=False)
+    """HTTPS with this context (the Crew's CA and the operator's client certificate)."""
+    server_name: str | None = None
+    """The name the serving certificate must carry (the replica's DNS name), checked on every
+    call; the connection itself goes to ``address``."""
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.ssl_context is not None else "http"
 
     def url(self, path: str, query: dict[str, str] | None = None) -> URL:
         host, _, port = self.address.rpartition(":")
         host = host.strip("[]")
-        return URL.build(scheme="http", host=host, port=int(port), path=path,
+        return URL.build(scheme=self.scheme, host=host, port=int(port), path=path,
                          query=query, encoded=False)
 
     def job_url(self, action_id: str, suffix: str = "") -> URL:
         # The action id defaults to <namespace>/<name>: its "/" must stay one path segment.
         path = contract.job_path(action_id, suffix)
         host, _, port = self.address.rpartition(":")
-        return URL.build(scheme="http", host=host.strip("[]"), port=int(port), path=path,
+        return URL.build(scheme=self.scheme, host=host.strip("[]"), port=int(port), path=path,
                          encoded=True)
 
 
@@ -145,6 +155,16 @@ class Admission:
 
 
 @dataclass(frozen=True)
+class SidecarHealth:
+    """The fields of ``GET /health`` the operator decides on (the raw answer is kept too)."""
+
+    journal_id: str | None
+    draining: bool
+    unarchived_records: int
+    raw: dict[str, Any] = field(repr=False)
+
+
+@dataclass(frozen=True)
 class EventsPage:
     cursor: int
     next_cursor: int
@@ -167,6 +187,12 @@ class SidecarClient:
                    "Accept": "application/json"}
         headers.update(extra or {})
         return headers
+
+    def _tls(self) -> dict[str, Any]:
+        """aiohttp arguments for HTTPS: the context, and the replica name to verify."""
+        if self.endpoint.ssl_context is None:
+            return {}
+        return {"ssl": self.endpoint.ssl_context, "server_hostname": self.endpoint.server_name}
 
     def _timeout(self) -> aiohttp.ClientTimeout:
         return aiohttp.ClientTimeout(total=None, connect=self.timeouts.connect,
@@ -199,7 +225,7 @@ class SidecarClient:
         try:
             async with self._session.request(
                 method, url, json=body, headers=self._headers(headers),
-                timeout=self._timeout(), allow_redirects=False,
+                timeout=self._timeout(), allow_redirects=False, **self._tls(),
             ) as resp:
                 payload = await self._read_json(resp, limit, invocation=invocation)
                 journal_id = resp.headers.get(contract.JOURNAL_ID_HEADER)
@@ -230,6 +256,55 @@ class SidecarClient:
             raise SidecarFailure(FailureCategory.CONNECTOR, "invalid_response",
                                  "health answer is not an object", 200)
         return payload
+
+    async def health_status(self) -> SidecarHealth:
+        """``GET /health`` as :class:`SidecarHealth` (draining and unarchived record count).
+
+        A sidecar from before draining existed lacks the two fields: it cannot drain, so it
+        reads as not draining with an unknown (0) count.
+        """
+        payload = await self.health()
+        try:
+            drain = (contract.DrainState.from_wire(payload)
+                     if "draining" in payload else contract.DrainState(False, 0))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise SidecarFailure(FailureCategory.CONNECTOR, "invalid_response",
+                                 f"health answer is malformed: {type(exc).__name__}",
+                                 200) from None
+        journal_id = payload.get("journal_id")
+        return SidecarHealth(journal_id=str(journal_id) if journal_id else None,
+                             draining=drain.draining,
+                             unarchived_records=drain.unarchived_records, raw=payload)
+
+    async def set_draining(self, draining: bool) -> contract.DrainState:
+        """``POST /admin/drain``: switch draining on or off (journaled by the sidecar)."""
+        status, payload, _ = await self._call(
+            "POST", self.endpoint.url(contract.DRAIN_PATH), limit=MAX_HEALTH_BYTES,
+            invocation=True, body={"draining": bool(draining)})
+        try:
+            if not isinstance(payload, dict):
+                raise TypeError("not an object")
+            return contract.DrainState.from_wire(payload)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise SidecarFailure(FailureCategory.CONNECTOR, "invalid_response",
+                                 f"drain answer is malformed: {type(exc).__name__}", status,
+                                 uncertain=True) from None
+
+    async def archive_older_than(self, seconds: int) -> contract.BulkArchiveResult:
+        """``POST /admin/archive``: archive every terminal record older than ``seconds``."""
+        headers = {contract.ARCHIVE_CONFIRMATION_HEADER:
+                   contract.bulk_archive_confirmation(seconds)}
+        status, payload, _ = await self._call(
+            "POST", self.endpoint.url(contract.BULK_ARCHIVE_PATH), limit=MAX_RECORD_BYTES,
+            invocation=True, body={"older_than_seconds": seconds}, headers=headers)
+        try:
+            if not isinstance(payload, dict):
+                raise TypeError("not an object")
+            return contract.BulkArchiveResult.from_wire(payload)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise SidecarFailure(FailureCategory.CONNECTOR, "invalid_response",
+                                 f"archive answer is malformed: {type(exc).__name__}", status,
+                                 uncertain=True) from None
 
     async def get_job(self, action_id: str) -> Lookup:
         status, payload, journal_id = await self._call(
@@ -264,6 +339,22 @@ class SidecarClient:
             invocation=True, body=body, ok=(200, 202))
         return self._record(payload, status, invocation=True)
 
+    async def resolve(self, request: contract.ResolutionRequest) -> JobEvent:
+        """``POST /jobs/{id}/resolution``: the journaled ``resolution`` event (201 new, 200 an
+        identical repeat). An invocation: a lost answer is retried by the caller, which is safe
+        because the route is idempotent."""
+        status, payload, _ = await self._call(
+            "POST", self.endpoint.job_url(request.action_id, "/resolution"),
+            limit=MAX_RECORD_BYTES, invocation=True, body=request.to_wire(), ok=(200, 201))
+        try:
+            if not isinstance(payload, dict) or not isinstance(payload.get("event"), dict):
+                raise TypeError("not an object with an event")
+            return JobEvent.from_wire(payload["event"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise SidecarFailure(FailureCategory.CONNECTOR, "invalid_response",
+                                 f"resolution answer is malformed: {type(exc).__name__}", status,
+                                 uncertain=True) from None
+
     async def events_page(self, action_id: str, cursor: int) -> EventsPage:
         url = self.endpoint.job_url(action_id, "/events").with_query(cursor=str(cursor))
         _, payload, _ = await self._call("GET", url, limit=MAX_PAGE_BYTES, invocation=False)
@@ -281,7 +372,7 @@ class SidecarClient:
         headers = self._headers({"Accept": "text/event-stream"})
         try:
             async with self._session.get(url, headers=headers, timeout=timeout,
-                                         allow_redirects=False) as resp:
+                                         allow_redirects=False, **self._tls()) as resp:
                 if resp.status != 200:
                     payload = await self._read_json(resp, MAX_PAGE_BYTES, invocation=False)
                     raise classify_http_failure(resp.status, payload, invocation=False)

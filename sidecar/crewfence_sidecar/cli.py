@@ -33,24 +33,34 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from crewfence_sidecar.server import (
         StartupError,
-        load_catalog,
         open_journal,
         prepare_process_environment,
         serve,
     )
+    from crewfence_sidecar.workers.settings import template_settings
+    from crewfence_sidecar.workers.supervisor import Supervisor, TemplateError
 
     setup_logging(config.log_level)
     try:
         prepare_process_environment(config)
     except OSError as exc:
         return _refuse(f"cannot prepare the process environment: {exc.strerror}")
+    # The worker template is forked now, while this process has one thread and no event
+    # loop; it imports crewai and the crews while the journal is fenced and restored here.
+    supervisor = Supervisor.fork_template(template_settings(config))
     try:
         opened = open_journal(config)
     except (FencingError, JournalError) as exc:
+        supervisor.close_sync()
         return _refuse(str(exc))
     try:
-        catalog = load_catalog(config)
-        asyncio.run(serve(config, catalog, opened))
+        supervisor.wait_ready()
+    except TemplateError as exc:
+        opened.close()
+        supervisor.close_sync()
+        return _refuse(str(exc))
+    try:
+        asyncio.run(serve(config, None, opened, supervisor))
     except StartupError as exc:
         opened.close()
         return _refuse(str(exc))

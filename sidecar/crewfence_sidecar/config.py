@@ -9,13 +9,14 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
-import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, NoReturn
 
 from crewfence_sidecar.contract import Operation
+from crewfence_sidecar.credentials import CredentialError
+from crewfence_sidecar.credentials import read_token_file as read_token_lines
 
 
 class ConfigError(Exception):
@@ -43,6 +44,19 @@ BOUNDS: Final[dict[str, Bound]] = {
                              64 * 1024 * 1024, "encoded size of one event"),
     "max_state_bytes": Bound("CREWFENCE_MAX_STATE_BYTES", "--max-state-bytes", 1024**3,
                              1024 * 1024, 1024**4, "size of the journal file"),
+    # Each job runs in its own worker process (crewfence_sidecar.workers).
+    "worker_stop_grace_ms": Bound("CREWFENCE_WORKER_STOP_GRACE_MS", "--worker-stop-grace-ms",
+                                  2000, 0, 60_000, "on cancel/timeout, SIGTERM to the job's "
+                                  "process group, this grace, then SIGKILL"),
+    "worker_memory_mb": Bound("CREWFENCE_WORKER_MEMORY_MB", "--worker-memory-mb", 0, 0,
+                              1024 * 1024, "address-space limit (RLIMIT_AS) of each job's "
+                              "worker in MiB; 0 = none"),
+    "worker_spares": Bound("CREWFENCE_WORKER_SPARES", "--worker-spares", 2, 0, 64,
+                           "idle workers forked ahead and warmed up, while fewer than "
+                           "max-concurrency workers are alive; 0 = fork at admission"),
+    "worker_cpu_seconds": Bound("CREWFENCE_WORKER_CPU_SECONDS", "--worker-cpu-seconds", 0, 0,
+                                7 * 24 * 3600, "CPU-time limit (RLIMIT_CPU) of each job's "
+                                "worker; 0 = none"),
 }
 
 DEFAULT_HOST: Final = "0.0.0.0"  # noqa: S104 - a pod's sidecar must be reachable
@@ -55,6 +69,8 @@ class SidecarConfig:
     crews_file: Path | None = None
     state_file: Path | None = None
     token: str | None = field(default=None, repr=False)
+    token_file: Path | None = None
+    """When set, the accepted tokens are this file's lines, re-read when it changes."""
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
     allowed_operations: frozenset[Operation] = frozenset({Operation.RUN})
@@ -63,14 +79,26 @@ class SidecarConfig:
     max_events_per_run: int = BOUNDS["max_events_per_run"].default
     max_event_bytes: int = BOUNDS["max_event_bytes"].default
     max_state_bytes: int = BOUNDS["max_state_bytes"].default
+    worker_stop_grace_ms: int = BOUNDS["worker_stop_grace_ms"].default
+    worker_memory_mb: int = BOUNDS["worker_memory_mb"].default
+    worker_cpu_seconds: int = BOUNDS["worker_cpu_seconds"].default
+    worker_spares: int = BOUNDS["worker_spares"].default
     training_dir: Path | None = None
     ephemeral: bool = False
     allow_unauthenticated: bool = False
     log_level: str = "INFO"
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    tls_client_ca_file: Path | None = None
+    insecure_plaintext: bool = False
 
     @property
     def authenticated(self) -> bool:
         return self.token is not None
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert_file is not None
 
 
 def is_loopback(host: str) -> bool:
@@ -115,6 +143,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-unauthenticated", action="store_const", const="1", default=None,
                    help="no token; loopback only (CREWFENCE_ALLOW_UNAUTHENTICATED=1)")
     p.add_argument("--log-level", help="DEBUG, INFO, WARNING, ERROR (CREWFENCE_LOG_LEVEL)")
+    p.add_argument("--tls-cert-file", help="serving certificate chain, PEM, re-read when it "
+                   "changes (CREWFENCE_TLS_CERT_FILE)")
+    p.add_argument("--tls-key-file", help="its private key, PEM, mode 0600 "
+                   "(CREWFENCE_TLS_KEY_FILE)")
+    p.add_argument("--tls-client-ca-file", help="CA that signs client certificates, PEM "
+                   "(CREWFENCE_TLS_CLIENT_CA_FILE)")
+    p.add_argument("--insecure-plaintext", action="store_const", const="1", default=None,
+                   help="serve plain HTTP off loopback: no encryption, no client "
+                   "certificates; development only (CREWFENCE_INSECURE_PLAINTEXT=1)")
     return p
 
 
@@ -147,23 +184,13 @@ def _int_in(raw: str, name: str, lo: int, hi: int) -> int:
 
 
 def read_token_file(path: Path) -> str:
-    """The file must be a regular file (a Secret volume's symlink to one is fine), mode 0600."""
+    """The file's first token. The file must be a regular file (a Secret volume's symlink to
+    one is fine), owner-only (0600 or 0400); it may hold several tokens, one per line (all are
+    accepted: a token roll's overlap)."""
     try:
-        st = path.stat()
-    except OSError as exc:
-        raise ConfigError(f"CREWFENCE_TOKEN_FILE {path}: {exc.strerror}") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise ConfigError(f"CREWFENCE_TOKEN_FILE {path} is not a regular file")
-    mode = stat.S_IMODE(st.st_mode)
-    if mode != 0o600:
-        raise ConfigError(f"CREWFENCE_TOKEN_FILE {path} must have mode 0600, has {mode:04o}")
-    try:
-        token = path.read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError):
-        raise ConfigError(f"CREWFENCE_TOKEN_FILE {path} cannot be read as UTF-8") from None
-    if not token:
-        raise ConfigError(f"CREWFENCE_TOKEN_FILE {path} is empty")
-    return token
+        return read_token_lines(path)[0]
+    except CredentialError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _operations(raw: str | None) -> frozenset[Operation]:
@@ -261,10 +288,50 @@ def load_config(argv: Sequence[str] | None = None,
     if log_level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise ConfigError("CREWFENCE_LOG_LEVEL must be DEBUG, INFO, WARNING or ERROR")
 
+    tls_files = _tls_files(args, env)
+    plaintext = _flag_bool(_pick(args.insecure_plaintext, env, "CREWFENCE_INSECURE_PLAINTEXT"),
+                           "CREWFENCE_INSECURE_PLAINTEXT")
+    if tls_files is not None and plaintext:
+        raise ConfigError("CREWFENCE_INSECURE_PLAINTEXT and CREWFENCE_TLS_* are exclusive")
+    if tls_files is None and not loopback and not plaintext:
+        raise ConfigError(f"refusing plain HTTP on {host}: set CREWFENCE_TLS_CERT_FILE, "
+                          "CREWFENCE_TLS_KEY_FILE and CREWFENCE_TLS_CLIENT_CA_FILE, or "
+                          "CREWFENCE_INSECURE_PLAINTEXT=1 (development only)")
+
     return SidecarConfig(
         registry=registry, crews_file=crews_file,
         state_file=Path(state_raw).absolute() if state_raw else None,
         token=token, host=host, port=port, allowed_operations=operations,
         training_dir=training_dir, ephemeral=ephemeral, allow_unauthenticated=unauth,
-        log_level=log_level, **bounds,
+        log_level=log_level,
+        token_file=Path(token_file).absolute() if token_file is not None else None,
+        tls_cert_file=tls_files[0] if tls_files else None,
+        tls_key_file=tls_files[1] if tls_files else None,
+        tls_client_ca_file=tls_files[2] if tls_files else None,
+        insecure_plaintext=plaintext, **bounds,
     )
+
+
+TLS_SETTINGS: Final = (("tls_cert_file", "CREWFENCE_TLS_CERT_FILE"),
+                       ("tls_key_file", "CREWFENCE_TLS_KEY_FILE"),
+                       ("tls_client_ca_file", "CREWFENCE_TLS_CLIENT_CA_FILE"))
+
+
+def _tls_files(args: argparse.Namespace,
+               env: Mapping[str, str]) -> tuple[Path, Path, Path] | None:
+    """All three TLS files, or none; each checked now (the key owner-only)."""
+    from crewfence_sidecar.tls import TlsFiles
+
+    raw = [_pick(getattr(args, attr), env, name) for attr, name in TLS_SETTINGS]
+    if not any(raw):
+        return None
+    missing = [name for (_, name), value in zip(TLS_SETTINGS, raw, strict=True) if not value]
+    if missing:
+        raise ConfigError(f"TLS needs all of CREWFENCE_TLS_CERT_FILE, CREWFENCE_TLS_KEY_FILE, "
+                          f"CREWFENCE_TLS_CLIENT_CA_FILE; missing {', '.join(missing)}")
+    cert, key, ca = (Path(v).absolute() for v in raw if v)
+    try:
+        TlsFiles(cert=cert, key=key, client_ca=ca).check()
+    except CredentialError as exc:
+        raise ConfigError(str(exc)) from None
+    return cert, key, ca

@@ -27,6 +27,15 @@ PREFER_ASYNC: Final = "respond-async"
 JOURNAL_ID_HEADER: Final = "X-Crewfence-Journal-Id"
 EXACT_REPEAT_HEADER: Final = "X-Crewfence-Exact-Repeat"
 
+# --- administrative routes (crewfence extensions; bearer auth like every job route) ----------
+DRAIN_PATH: Final = "/admin/drain"
+BULK_ARCHIVE_PATH: Final = "/admin/archive"
+DRAINING_CODE: Final = "draining"
+"""The ``code`` of the 503 a draining sidecar answers to a new admission."""
+DRAINING_RETRY_AFTER_SECONDS: Final = 30
+BULK_ARCHIVE_CONFIRMATION_PREFIX: Final = "older-than:"
+MAX_ARCHIVE_AGE_SECONDS: Final = 100 * 365 * 24 * 3600
+
 # --- limits ----------------------------------------------------------------------------------
 MAX_ID_CHARS: Final = 256
 MAX_KEY_BYTES: Final = 512
@@ -80,6 +89,21 @@ class Operation(StrEnum):
     MEMORY_RESET = "memory_reset"
 
 
+CONTROL_OPERATIONS: Final = ("cancel", "events", "status")
+"""Listed by ``/health`` with the enabled startable operations, all sorted (AIP)."""
+
+
+def health_operations(enabled: frozenset[Operation] | set[Operation]) -> list[str]:
+    """``/health``'s ``operations``: enabled startable operations plus the control ones."""
+    return sorted({op.value for op in enabled} | set(CONTROL_OPERATIONS))
+
+
+BLOCKING_CANCELLED_DETAIL: Final = "CrewAI run was cancelled"
+BLOCKING_FAILED_DETAIL: Final = "CrewAI run failed"
+"""The ``detail`` of the blocking ``POST /jobs`` answer when its record ends cancelled (409)
+or failed (502), as the AIP reference sidecar words them."""
+
+
 @dataclass(frozen=True)
 class OperationTraits:
     cancellable: bool
@@ -94,6 +118,10 @@ class OperationTraits:
 # running exactly like replay/train/test. knowledge_query runs in a worker thread because
 # crewai's aquery_knowledge needs an async chromadb client it never creates. Every
 # cancelled or timed-out job therefore ends `uncertain_outcome: true`.
+# Since every job runs in its own worker process (crewfence_sidecar.workers), a cancel or a
+# timeout kills the worker's process group and reaps it BEFORE the terminal record is
+# written, which then says `work_stopped: true` with `stopped_at`: the threads are gone too.
+# thread_backed still matters: what the work did before the stop is unknown (uncertain).
 OPERATION_TRAITS: Final[dict[Operation, OperationTraits]] = {
     Operation.RUN: OperationTraits(cancellable=True, thread_backed=True),
     Operation.BATCH_RUN: OperationTraits(cancellable=True, thread_backed=True),
@@ -312,6 +340,33 @@ def validate_artifact_name(value: object) -> str:
     return value
 
 
+def kickoff_inputs(op: Operation, value: dict[str, Any]) -> list[dict[str, Any]]:
+    """The kickoff inputs an (already validated) operation input hands to the crew's
+    templates: ``run`` its input itself, ``batch_run`` each item, ``train``/``test`` their
+    ``inputs`` (``{}`` when absent); none for the other operations."""
+    if op is Operation.RUN:
+        return [value]
+    if op is Operation.BATCH_RUN:
+        return [item for item in value.get("inputs", []) if isinstance(item, dict)]
+    if op in (Operation.TRAIN, Operation.TEST):
+        inputs = value.get("inputs")
+        return [inputs if isinstance(inputs, dict) else {}]
+    return []
+
+
+def check_template_inputs(op: Operation, value: dict[str, Any],
+                          placeholders: list[str]) -> None:
+    """422 ``missing_inputs`` naming the ``{placeholders}`` of the crew's templates that an
+    input lacks (crewai would fail only at execution, as "the operation raised ValueError")."""
+    for n, inputs in enumerate(kickoff_inputs(op, value)):
+        missing = sorted(set(placeholders) - set(inputs))
+        if missing:
+            where = f"inputs[{n}]" if op is Operation.BATCH_RUN else "the input"
+            raise ContractError(422, "missing_inputs",
+                                f"{where} lacks {', '.join(missing)}, used by the crew's "
+                                "templates")
+
+
 def validate_operation_input(op: Operation, value: dict[str, Any]) -> None:
     """Raise 422 when ``value`` is no valid input for ``op``."""
     if not isinstance(value, dict):
@@ -399,6 +454,84 @@ def parse_cancel_request(body: object, path_action_id: str) -> CancelRequest:
     return CancelRequest(crew_id=crew_id, action_id=action_id, reason=reason)
 
 
+# --- administrative requests (crewfence extensions) ------------------------------------------
+@dataclass(frozen=True)
+class DrainState:
+    """The answer of ``POST /admin/drain``; ``/health`` carries the same two fields."""
+
+    draining: bool
+    unarchived_records: int
+    """Records not archived yet, whatever their status."""
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"draining": self.draining, "unarchived_records": self.unarchived_records}
+
+    @classmethod
+    def from_wire(cls, raw: dict[str, Any]) -> DrainState:
+        draining, count = raw["draining"], raw["unarchived_records"]
+        if not isinstance(draining, bool) or not _is_int(count) or count < 0:
+            raise ValueError("draining must be a bool and unarchived_records an integer >= 0")
+        return cls(draining=draining, unarchived_records=count)
+
+
+def parse_drain_request(body: object) -> bool:
+    """``{"draining": true|false}``, nothing else (400 otherwise)."""
+    if not isinstance(body, dict) or set(body) != {"draining"} \
+            or not isinstance(body["draining"], bool):
+        raise ContractError(400, "invalid_request",
+                            'the body must be {"draining": true} or {"draining": false}')
+    return bool(body["draining"])
+
+
+def bulk_archive_confirmation(older_than_seconds: int) -> str:
+    """The value of the archive confirmation header that ``POST /admin/archive`` requires."""
+    return f"{BULK_ARCHIVE_CONFIRMATION_PREFIX}{older_than_seconds}"
+
+
+def parse_bulk_archive_request(body: object, confirmation: str | None) -> int:
+    """``{"older_than_seconds": N}`` confirmed by ``older-than:N``; returns N.
+
+    400 for a bad body or a confirmation naming another age, 428 without a confirmation.
+    """
+    if not isinstance(body, dict) or set(body) != {"older_than_seconds"}:
+        raise ContractError(400, "invalid_request",
+                            'the body must be {"older_than_seconds": <integer >= 0>}')
+    seconds = body["older_than_seconds"]
+    if not _is_int(seconds) or not 0 <= seconds <= MAX_ARCHIVE_AGE_SECONDS:
+        raise ContractError(400, "invalid_request",
+                            f"older_than_seconds must be an integer 0..{MAX_ARCHIVE_AGE_SECONDS}")
+    if confirmation is None or not confirmation.strip():
+        raise ContractError(428, "archive_confirmation_required",
+                            f"header {ARCHIVE_CONFIRMATION_HEADER} must be "
+                            f"{bulk_archive_confirmation(seconds)!r}")
+    if confirmation.strip() != bulk_archive_confirmation(seconds):
+        raise ContractError(400, "archive_confirmation_mismatch",
+                            f"{ARCHIVE_CONFIRMATION_HEADER} does not confirm this age")
+    return int(seconds)
+
+
+@dataclass(frozen=True)
+class BulkArchiveResult:
+    """The answer of ``POST /admin/archive``: the action ids now archived (tombstoned)."""
+
+    archived: tuple[str, ...]
+
+    @property
+    def count(self) -> int:
+        return len(self.archived)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"archived": list(self.archived), "count": self.count}
+
+    @classmethod
+    def from_wire(cls, raw: dict[str, Any]) -> BulkArchiveResult:
+        archived = raw["archived"]
+        if not isinstance(archived, list) or not all(isinstance(a, str) for a in archived) \
+                or raw.get("count", len(archived)) != len(archived):
+            raise ValueError("archived must be a list of action ids matching count")
+        return cls(archived=tuple(archived))
+
+
 # --- records and events ----------------------------------------------------------------------
 @dataclass
 class JobEvent:
@@ -413,6 +546,16 @@ class JobEvent:
     def from_wire(cls, raw: dict[str, Any]) -> JobEvent:
         return cls(event=str(raw["event"]), sequence=int(raw["sequence"]),
                    data=dict(raw.get("data") or {}))
+
+
+WORKER_DIED_CODE: Final = "worker_died"
+"""Error code of a job whose worker process ended without a result (a signal such as SIGKILL
+or SIGSEGV, ``os._exit``, a memory limit); the error carries ``signal`` or ``exit_code``."""
+WORK_STOPPED_FIELD: Final = "work_stopped"
+STOPPED_AT_FIELD: Final = "stopped_at"
+"""A terminal record whose job's worker process was stopped and reaped before the record was
+written carries ``work_stopped: true`` and ``stopped_at`` (UTC ISO-8601) in its error, at the
+top level of the record's wire form and in the terminal event's data."""
 
 
 @dataclass
@@ -433,6 +576,18 @@ class JobRecord:
     def terminal(self) -> bool:
         return self.status in TERMINAL_STATUSES
 
+    @property
+    def work_stopped(self) -> bool:
+        """The job's worker was stopped and reaped before this record became terminal."""
+        return isinstance(self.error, dict) and self.error.get(WORK_STOPPED_FIELD) is True
+
+    @property
+    def stopped_at(self) -> str | None:
+        if not self.work_stopped or not isinstance(self.error, dict):
+            return None
+        value = self.error.get(STOPPED_AT_FIELD)
+        return str(value) if value is not None else None
+
     def to_wire(self) -> dict[str, Any]:
         return {
             "action_id": self.action_id,
@@ -444,6 +599,8 @@ class JobRecord:
             "output": self.output,
             "error": self.error,
             "uncertain_outcome": self.uncertain_outcome,
+            WORK_STOPPED_FIELD: self.work_stopped,
+            STOPPED_AT_FIELD: self.stopped_at,
             "created_at": self.created_at,
             "updated_at": self.updated_at,
         }
@@ -496,3 +653,96 @@ def events_page(action_id: str, cursor: int, status: Status,
 def job_path(action_id: str, suffix: str = "") -> str:
     """The URL path of a job: action ids (e.g. ``ns/name``) are percent-encoded, ``/`` too."""
     return f"/jobs/{quote(action_id, safe='')}{suffix}"
+
+
+# --- resolution of an uncertain outcome (crewfence extension) --------------------------------
+RESOLUTION_EVENT: Final = "resolution"
+"""The event a resolution appends after the record's terminal event (never a terminal event)."""
+MAX_NOTE_CHARS: Final = 4096
+MAX_EVIDENCE_LINKS: Final = 16
+MAX_EVIDENCE_CHARS: Final = 2048
+MAX_RESOLVER_CHARS: Final = 256
+
+
+class ResolutionOutcome(StrEnum):
+    """What a person found out about an uncertain outcome."""
+
+    HAPPENED = "Happened"
+    NOT_HAPPENED = "NotHappened"
+    COMPENSATED = "Compensated"
+
+
+RESOLUTION_FIELDS: Final = frozenset(
+    {"crew_id", "action_id", "outcome", "note", "evidence", "resolved_by"})
+
+
+@dataclass(frozen=True)
+class ResolutionRequest:
+    """Body of ``POST /jobs/{action_id}/resolution``.
+
+    Invariant (idempotent resolution): the identity of a resolution is all its fields; the
+    sidecar journals one per action, answers an identical repeat with the journaled one and
+    refuses a different one with 409.
+    """
+
+    crew_id: str
+    action_id: str
+    outcome: ResolutionOutcome
+    note: str
+    evidence: tuple[str, ...] = ()
+    resolved_by: str | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"crew_id": self.crew_id, "action_id": self.action_id,
+                                "outcome": self.outcome.value, "note": self.note,
+                                "evidence": list(self.evidence)}
+        if self.resolved_by is not None:
+            body["resolved_by"] = self.resolved_by
+        return body
+
+    def identity(self) -> dict[str, Any]:
+        """What an identical repeat must match (the event data minus ``recorded_at``)."""
+        return {k: v for k, v in self.to_wire().items() if k != "action_id"}
+
+
+def _bounded_text(name: str, value: object, limit: int, *, required: bool) -> str | None:
+    if value is None and not required:
+        return None
+    if not isinstance(value, str) or (required and not value.strip()) or len(value) > limit:
+        raise ContractError(400, "invalid_request",
+                            f"{name} must be a{' non-empty' if required else ''} string of at "
+                            f"most {limit} characters")
+    return value
+
+
+def parse_resolution_request(body: object, path_action_id: str) -> ResolutionRequest:
+    """Validate a resolution body (400 on anything else)."""
+    if not isinstance(body, dict):
+        raise ContractError(400, "invalid_request", "the body must be a JSON object")
+    unknown = sorted(set(body) - RESOLUTION_FIELDS)
+    if unknown:
+        raise ContractError(400, "unknown_fields",
+                            f"unknown fields: {', '.join(map(str, unknown))[:200]}")
+    missing = sorted({"crew_id", "action_id", "outcome", "note"} - set(body))
+    if missing:
+        raise ContractError(400, "invalid_request", f"missing fields: {', '.join(missing)}")
+    crew_id = validate_id("crew_id", body["crew_id"])
+    action_id = validate_id("action_id", body["action_id"])
+    if action_id != path_action_id:
+        raise ContractError(400, "invalid_request", "action_id does not match the path")
+    raw_outcome = body["outcome"]
+    if raw_outcome not in ResolutionOutcome.__members__.values():
+        raise ContractError(400, "invalid_request",
+                            f"outcome must be one of: {', '.join(ResolutionOutcome)}")
+    note = _bounded_text("note", body["note"], MAX_NOTE_CHARS, required=True)
+    evidence = body.get("evidence", [])
+    if not isinstance(evidence, list) or len(evidence) > MAX_EVIDENCE_LINKS:
+        raise ContractError(400, "invalid_request",
+                            f"evidence must be a list of at most {MAX_EVIDENCE_LINKS} links")
+    links = tuple(str(_bounded_text("evidence link", e, MAX_EVIDENCE_CHARS, required=True))
+                  for e in evidence)
+    resolved_by = _bounded_text("resolved_by", body.get("resolved_by"), MAX_RESOLVER_CHARS,
+                                required=False)
+    return ResolutionRequest(crew_id=crew_id, action_id=action_id,
+                             outcome=ResolutionOutcome(raw_outcome), note=str(note),
+                             evidence=links, resolved_by=resolved_by)

@@ -7,6 +7,8 @@ A crews file (``CREWFENCE_CREWS_FILE``) has exactly this shape::
         llm:                        # optional; default {model: crewfence/offline}
           model: crewfence/offline  # or e.g. openai/gpt-4o-mini
           api_key_env: LLM_KEY      # optional: env var holding the API key (apiKeyEnv too)
+          api_key_file: /path       # optional, exclusive with api_key_env: owner-only file
+                                    # holding the API key, re-read for every job (apiKeyFile)
           base_url: https://...     # optional (baseUrl too)
           temperature: 0.2          # optional
         process: sequential         # sequential (default) | hierarchical
@@ -55,6 +57,7 @@ MAX_CREW_ID_CHARS = 256
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _CAMEL = {
     "apiKeyEnv": "api_key_env",
+    "apiKeyFile": "api_key_file",
     "baseUrl": "base_url",
     "allowDelegation": "allow_delegation",
     "maxIter": "max_iter",
@@ -62,7 +65,7 @@ _CAMEL = {
     "expectedOutput": "expected_output",
 }
 _CREW_KEYS = {"llm", "process", "agents", "tasks", "knowledge", "embedder"}
-_LLM_KEYS = {"model", "api_key_env", "base_url", "temperature"}
+_LLM_KEYS = {"model", "api_key_env", "api_key_file", "base_url", "temperature"}
 _AGENT_KEYS = {"role", "goal", "backstory", "allow_delegation", "max_iter", "max_retry_limit",
                "verbose"}
 _TASK_KEYS = {"name", "agent", "description", "expected_output", "context"}
@@ -124,9 +127,12 @@ class LLMDefinition:
     api_key_env: str | None = None
     base_url: str | None = None
     temperature: float | None = None
+    api_key_file: str | None = None
 
     def build(self) -> Any:
         params: dict[str, Any] = {}
+        if self.api_key_file is not None:
+            params["api_key_file"] = self.api_key_file
         if self.base_url is not None:
             params["base_url"] = self.base_url
         if self.temperature is not None:
@@ -235,11 +241,17 @@ def _parse_llm(crew_id: str, raw: object) -> LLMDefinition:
     env = llm.get("api_key_env")
     if env is not None and (not isinstance(env, str) or not _ENV_NAME_RE.fullmatch(env)):
         raise DefinitionError(f"{_where(crew_id, 'llm.api_key_env')} must be an env var name")
+    key_file = llm.get("api_key_file")
+    if key_file is not None:
+        key_file = _text(crew_id, "llm.api_key_file", key_file)
+        if env is not None:
+            raise DefinitionError(f"{_where(crew_id, 'llm.api_key_file')} and api_key_env are "
+                                  "exclusive")
     base_url = llm.get("base_url")
     if base_url is not None:
         base_url = _text(crew_id, "llm.base_url", base_url)
     temperature = _optional(crew_id, "llm.temperature", llm.get("temperature"), float, None)
-    return LLMDefinition(model=model, api_key_env=env, base_url=base_url,
+    return LLMDefinition(model=model, api_key_env=env, base_url=base_url, api_key_file=key_file,
                          temperature=None if temperature is None else float(temperature))
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -17,6 +16,12 @@ from aiohttp import web
 
 from crewfence_sidecar.contract import (
     ARCHIVE_CONFIRMATION_HEADER,
+    BLOCKING_CANCELLED_DETAIL,
+    BLOCKING_FAILED_DETAIL,
+    BULK_ARCHIVE_PATH,
+    DRAIN_PATH,
+    DRAINING_CODE,
+    DRAINING_RETRY_AFTER_SECONDS,
     EXACT_REPEAT_HEADER,
     IDEMPOTENCY_KEY_HEADER,
     JOURNAL_ID_HEADER,
@@ -24,17 +29,25 @@ from crewfence_sidecar.contract import (
     PREFER_ASYNC,
     PREFER_HEADER,
     SCHEMA_VERSION,
+    BulkArchiveResult,
     ContractError,
     JobRecord,
     Operation,
     StartRequest,
+    Status,
     error_body,
     events_page,
+    health_operations,
     job_path,
+    parse_bulk_archive_request,
     parse_cancel_request,
+    parse_drain_request,
+    parse_resolution_request,
     parse_start_request,
 )
-from crewfence_sidecar.runtime import Admission, Gone, JournalUnavailable, Runtime
+from crewfence_sidecar.credentials import TokenSource, matches
+from crewfence_sidecar.runtime import Admission, Draining, Gone, JournalUnavailable, Runtime
+from crewfence_sidecar.tls import client_certificate_middleware
 
 log = logging.getLogger("crewfence.sidecar.http")
 
@@ -52,6 +65,10 @@ class ApiSettings:
     durable_journal: bool
     max_retained_runs: int
     max_state_bytes: int
+    tokens: TokenSource | None = None
+    """Accepted bearer tokens (a token file re-read on change); default: ``token`` alone."""
+    client_certificate_required: bool = False
+    """HTTPS with client certificates: every route but /health and /metrics needs one."""
 
 
 RUNTIME_KEY: Final = web.AppKey("runtime", Runtime)
@@ -88,18 +105,20 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         return _json(exc.status, error_body(code, exc.reason or "error"), headers)
 
 
-def auth_middleware(token: str | None) -> Callable[..., Awaitable[web.StreamResponse]]:
-    expected = token.encode("ascii") if token is not None else None
+def auth_middleware(
+    token: str | None, tokens: TokenSource | None = None,
+) -> Callable[..., Awaitable[web.StreamResponse]]:
+    if tokens is None and token is not None:
+        tokens = TokenSource.from_token(token)
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if expected is None or request.path in PUBLIC_PATHS:
+        if tokens is None or request.path in PUBLIC_PATHS:
             return await handler(request)
         header = request.headers.get("Authorization", "")
         scheme, _, credential = header.partition(" ")
         presented = credential.strip().encode("utf-8", "surrogateescape")
-        if scheme.lower() != "bearer" or not presented or \
-                not hmac.compare_digest(presented, expected):
+        if scheme.lower() != "bearer" or not matches(presented, tokens.current()):
             request.app[RUNTIME_KEY].metrics.rejection("unauthenticated")
             return _error(401, "unauthenticated", "a valid bearer token is required")
         return await handler(request)
@@ -151,6 +170,13 @@ def _gone(g: Gone) -> web.Response:
                                     "again"), "tombstone": g.tombstone.to_wire()})
 
 
+def _draining() -> web.Response:
+    message = "the sidecar is draining: it admits no new jobs; known jobs still answer"
+    return _json(503, {"detail": message, "code": DRAINING_CODE,
+                       **error_body(DRAINING_CODE, message)},
+                 {"Retry-After": str(DRAINING_RETRY_AFTER_SECONDS)})
+
+
 def _unavailable(exc: JournalUnavailable) -> web.Response:
     code = "journal_full" if exc.full else "journal_unavailable"
     return _error(507, code, str(exc))
@@ -164,6 +190,8 @@ async def _admit(request: web.Request) -> tuple[Admission, StartRequest] | web.R
             req, request.headers.get(IDEMPOTENCY_KEY_HEADER))
     except Gone as g:
         return _gone(g)
+    except Draining:
+        return _draining()
     except JournalUnavailable as exc:
         return _unavailable(exc)
     return admission, req
@@ -184,11 +212,28 @@ async def start_job(request: web.Request) -> web.StreamResponse:
     rt = _runtime(request)
     done = await rt.wait_terminal(record.action_id, req.effective_timeout_ms / 1000)
     current = rt.journal.get(record.action_id) or record
+    return _blocking_answer(current, done=done, headers=headers)
+
+
+def _blocking_answer(record: JobRecord, *, done: bool, headers: dict[str, str]) -> web.Response:
+    """The AIP blocking answer: 200 with the output itself only for ``completed``.
+
+    Invariant (never report a cancelled or failed job as completed): a 2xx here means the
+    record completed; cancelled -> 409, failed -> 502, wait expired -> 504. Each non-2xx body
+    carries the reference's ``detail`` plus crewfence's ``error`` and ``record``.
+    """
     if not done:
-        return _json(504, {**error_body("wait_expired", "the blocking wait expired; the job "
-                                        "keeps running and keeps its record"),
-                           "record": current.to_wire()}, headers)
-    return _json(200, current.to_wire(), headers)
+        message = "the blocking wait expired; the job keeps running and keeps its record"
+        return _json(504, {"detail": message, **error_body("wait_expired", message),
+                           "record": record.to_wire()}, headers)
+    if record.status is Status.COMPLETED:
+        return _json(200, record.output, headers)
+    if record.status is Status.CANCELLED:
+        status, detail, code = 409, BLOCKING_CANCELLED_DETAIL, "run_cancelled"
+    else:
+        status, detail, code = 502, BLOCKING_FAILED_DETAIL, "run_failed"
+    return _json(status, {"detail": detail, **error_body(code, detail),
+                          "record": record.to_wire()}, headers)
 
 
 async def stream_job(request: web.Request) -> web.StreamResponse:
@@ -299,6 +344,24 @@ async def cancel_job(request: web.Request) -> web.StreamResponse:
     return _json(200, record.to_wire(), _record_headers(request, record=record))
 
 
+async def resolve_job(request: web.Request) -> web.StreamResponse:
+    """Journal a person's resolution of a finished job: 201 when journaled now, 200 when an
+    identical resolution was journaled before (idempotent), 409 for a different one."""
+    action_id = request.match_info["action_id"]
+    req = parse_resolution_request(await _read_json(request), action_id)
+    rt = _runtime(request)
+    try:
+        event, created = rt.resolve(req)
+    except Gone as g:
+        return _gone(g)
+    except JournalUnavailable as exc:
+        return _unavailable(exc)
+    record = rt.journal.get(action_id)
+    return _json(201 if created else 200,
+                 {"action_id": action_id, "created": created, "event": event.to_wire()},
+                 _record_headers(request, record=record))
+
+
 async def archive_job(request: web.Request) -> web.StreamResponse:
     action_id = request.match_info["action_id"]
     confirmation = request.headers.get(ARCHIVE_CONFIRMATION_HEADER)
@@ -317,6 +380,28 @@ async def archive_job(request: web.Request) -> web.StreamResponse:
     return _json(200, stone.to_wire())
 
 
+async def set_draining(request: web.Request) -> web.StreamResponse:
+    """``POST /admin/drain``: switch draining on or off at run time (journaled)."""
+    draining = parse_drain_request(await _read_json(request))
+    try:
+        state = _runtime(request).set_draining(draining)
+    except JournalUnavailable as exc:
+        return _unavailable(exc)
+    return _json(200, state.to_wire(), _record_headers(request))
+
+
+async def archive_older_than(request: web.Request) -> web.StreamResponse:
+    """``POST /admin/archive``: archive every terminal record older than N seconds."""
+    seconds = parse_bulk_archive_request(await _read_json(request),
+                                         request.headers.get(ARCHIVE_CONFIRMATION_HEADER))
+    try:
+        stones = _runtime(request).archive_older_than(seconds)
+    except JournalUnavailable as exc:
+        return _unavailable(exc)
+    result = BulkArchiveResult(archived=tuple(s.action_id for s in stones))
+    return _json(200, result.to_wire(), _record_headers(request))
+
+
 async def health(request: web.Request) -> web.StreamResponse:
     rt = _runtime(request)
     s = request.app[SETTINGS_KEY]
@@ -324,7 +409,7 @@ async def health(request: web.Request) -> web.StreamResponse:
         "status": "ready",
         "schema_version": SCHEMA_VERSION,
         "crews": list(s.crew_ids),
-        "operations": list(s.operations),
+        "operations": list(s.operations),  # startable + control operations, sorted
         "durable_journal": s.durable_journal,
         "journal_id": rt.journal.journal_id,
         "active_runs": rt.active_runs,
@@ -333,7 +418,22 @@ async def health(request: web.Request) -> web.StreamResponse:
         "journal_bytes": rt.journal.state_bytes(),
         "max_state_bytes": s.max_state_bytes,
         "authenticated": s.token is not None,
+        **rt.drain_state().to_wire(),
+        **_model_credentials(rt),
     }, {JOURNAL_ID_HEADER: rt.journal.journal_id})
+
+
+def _model_credentials(rt: Runtime) -> dict[str, Any]:
+    """``model_credentials`` (per declarative crew: model, hosted, credentials
+    present|missing|not_needed) and ``model_credentials_missing`` (crew ids), when the crews
+    come from the worker template; the key itself never appears."""
+    report = getattr(rt.crews, "model_credentials", None)
+    if report is None:
+        return {}
+    entries = report()
+    return {"model_credentials": entries,
+            "model_credentials_missing": sorted(c for c, e in entries.items()
+                                                if e.get("credentials") == "missing")}
 
 
 async def metrics(request: web.Request) -> web.StreamResponse:
@@ -357,10 +457,17 @@ async def openapi_yaml(request: web.Request) -> web.StreamResponse:
     return web.Response(text=text, content_type="application/yaml")
 
 
+def _certificate_middlewares(runtime: Runtime, settings: ApiSettings) -> list[Any]:
+    if not settings.client_certificate_required:
+        return []
+    return [client_certificate_middleware(runtime.metrics.rejection)]
+
+
 def build_app(runtime: Runtime, settings: ApiSettings) -> web.Application:
     app = web.Application(
         client_max_size=MAX_BODY_BYTES,
-        middlewares=[errors_middleware, auth_middleware(settings.token)],
+        middlewares=[errors_middleware, *_certificate_middlewares(runtime, settings),
+                     auth_middleware(settings.token, settings.tokens)],
     )
     app[RUNTIME_KEY] = runtime
     app[SETTINGS_KEY] = settings
@@ -375,8 +482,12 @@ def build_app(runtime: Runtime, settings: ApiSettings) -> web.Application:
     r.add_delete("/jobs/{action_id}", archive_job)
     r.add_get("/jobs/{action_id}/events", job_events)
     r.add_post("/jobs/{action_id}/cancel", cancel_job)
+    r.add_post("/jobs/{action_id}/resolution", resolve_job)
+    r.add_post(DRAIN_PATH, set_draining)
+    r.add_post(BULK_ARCHIVE_PATH, archive_older_than)
     return app
 
 
 def default_operations(allowed: frozenset[Operation]) -> tuple[str, ...]:
-    return tuple(op.value for op in Operation if op in allowed)
+    """What ``/health`` lists: enabled startable operations plus cancel/events/status, sorted."""
+    return tuple(health_operations(allowed))

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from crewfence_sidecar.contract import (
+    RESOLUTION_EVENT,
     TERMINAL_EVENT_FOR_STATUS,
     EventName,
     JobEvent,
@@ -67,7 +68,11 @@ CREATE TABLE IF NOT EXISTS tombstones (
     uncertain_outcome INTEGER NOT NULL,
     archived_at TEXT NOT NULL
 );
+-- Bulk archive (POST /admin/archive) finds terminal records by age with this index alone.
+CREATE INDEX IF NOT EXISTS records_terminal_by_age ON records (updated_at)
+    WHERE status != 'running';
 """
+DRAINING_META_KEY: Final = "draining"
 
 
 class JournalError(Exception):
@@ -91,7 +96,12 @@ class JournalLimits:
 
 
 def utc_now() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return utc_iso(datetime.now(UTC))
+
+
+def utc_iso(moment: datetime) -> str:
+    """The journal's timestamp format; its strings sort as the moments they name."""
+    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def dumps(value: Any) -> str:
@@ -136,6 +146,7 @@ class Journal:
         self.records: dict[str, JobRecord] = {}
         self._unloaded: set[str] = set()
         self.restore_report = RestoreReport(0, [], 0.0)
+        self.draining = self._read_draining()
 
     # --- opening ---------------------------------------------------------------------------
     @classmethod
@@ -281,6 +292,19 @@ class Journal:
                             uncertain=True, event_data={"reason": "sidecar_restarted"},
                             _in_tx=True)
 
+    # --- draining (journaled: survives a restart) ------------------------------------------
+    def _read_draining(self) -> bool:
+        row = self._conn.execute("SELECT value FROM meta WHERE key = ?",
+                                 (DRAINING_META_KEY,)).fetchone()
+        return row is not None and row[0] == "1"
+
+    def set_draining(self, draining: bool) -> None:
+        """Persist the draining switch durably before it takes effect (PersistError: unchanged)."""
+        with self._tx() as conn:
+            conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+                         (DRAINING_META_KEY, "1" if draining else "0"))
+        self.draining = draining
+
     # --- sizes -----------------------------------------------------------------------------
     def _file_bytes(self) -> int:
         if self.path is None:
@@ -422,12 +446,16 @@ class Journal:
         record = self.records[action_id]
         name = TERMINAL_EVENT_FOR_STATUS[status].value
         data = dict(event_data)
-        data["status"] = status.value
+        if status is not Status.COMPLETED:  # a `completed` event's data is the output itself
+            data["status"] = status.value
         if uncertain:
             data["uncertain_outcome"] = True
         encoded = dumps(data)
         if len(encoded.encode("utf-8")) + len(name) > self.limits.max_event_bytes:
-            data = {k: v for k, v in data.items() if k != "output"}
+            if status is Status.COMPLETED:
+                data = {"status": status.value}
+            else:
+                data = {k: v for k, v in data.items() if k != "output"}
             data["output_omitted"] = True
             encoded = dumps(data)
             if len(encoded.encode("utf-8")) + len(name) > self.limits.max_event_bytes:
@@ -472,6 +500,71 @@ class Journal:
         del self.records[action_id]
         self._unloaded.discard(action_id)
         return stone
+
+    def archive_older_than(self, cutoff: str) -> list[Tombstone]:
+        """Archive every terminal record with ``updated_at <= cutoff`` (one transaction).
+
+        Each archived record leaves the same tombstone as :meth:`archive`. The records are
+        found through the partial index ``records_terminal_by_age``: the cost follows the
+        number archived, not the number retained.
+        """
+        archived_at = utc_now()
+        with self._tx() as conn:
+            rows = conn.execute(
+                "SELECT action_id, crew_id, operation, request_hash, status, uncertain_outcome "
+                "FROM records INDEXED BY records_terminal_by_age "
+                "WHERE status != 'running' AND updated_at <= ? ORDER BY updated_at",
+                (cutoff,)).fetchall()
+            stones = [Tombstone(action_id=r[0], crew_id=r[1], operation=r[2],
+                                request_hash=r[3], status=_STATUS[r[4]],
+                                archived_at=archived_at, uncertain_outcome=bool(r[5]))
+                      for r in rows]
+            for stone in stones:
+                conn.execute("DELETE FROM events WHERE action_id = ?", (stone.action_id,))
+                conn.execute("DELETE FROM records WHERE action_id = ?", (stone.action_id,))
+                conn.execute("INSERT INTO tombstones VALUES (?, ?, ?, ?, ?, ?, ?)",
+                             (stone.action_id, stone.crew_id, stone.operation,
+                              stone.request_hash, stone.status.value,
+                              int(stone.uncertain_outcome), stone.archived_at))
+        for stone in stones:
+            self.records.pop(stone.action_id, None)
+            self._unloaded.discard(stone.action_id)
+        return stones
+
+    def resolution(self, action_id: str) -> JobEvent | None:
+        """The action's journaled resolution event, if any (at most one exists)."""
+        row = self._conn.execute(
+            "SELECT sequence, event, data FROM events WHERE action_id = ? AND event = ? "
+            "ORDER BY sequence LIMIT 1", (action_id, RESOLUTION_EVENT)).fetchone()
+        if row is None:
+            return None
+        return JobEvent(event=row["event"], sequence=row["sequence"],
+                        data=json.loads(row["data"]))
+
+    def append_resolution(self, action_id: str, data: dict[str, Any]) -> JobEvent:
+        """Append the one ``resolution`` event after a terminal record's terminal event.
+
+        Invariant (a resolution is a finding, not a rewrite of history): the record's status,
+        output, error, uncertainty and ``updated_at`` stay exactly as they were; only the
+        event log grows by one durable (fsync'd) event.
+        """
+        record = self.records[action_id]
+        if not record.terminal:
+            raise ValueError("only terminal records can be resolved")
+        if record.event_count >= self.limits.max_events_per_run:
+            raise JournalFull("CREWFENCE_MAX_EVENTS_PER_RUN reached; no room for the resolution")
+        encoded = dumps(data)
+        if len(encoded.encode("utf-8")) + len(RESOLUTION_EVENT) > self.limits.max_event_bytes:
+            raise JournalFull("the resolution is over CREWFENCE_MAX_EVENT_BYTES")
+        self._check_room(len(encoded))
+        seq = record.event_count
+        with self._tx() as conn:
+            conn.execute("INSERT INTO events VALUES (?, ?, ?, ?)",
+                         (action_id, seq, RESOLUTION_EVENT, encoded))
+            conn.execute("UPDATE records SET event_count = ? WHERE action_id = ?",
+                         (seq + 1, action_id))
+        record.event_count = seq + 1
+        return JobEvent(event=RESOLUTION_EVENT, sequence=seq, data=data)
 
     def close(self) -> None:
         with contextlib.suppress(sqlite3.Error):

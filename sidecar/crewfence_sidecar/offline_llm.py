@@ -37,6 +37,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import Enum
+from pathlib import Path
 from typing import Any
 
 from crewai import LLM, BaseLLM
@@ -350,12 +351,25 @@ def resolve_llm(model: str, api_key_env: str | None = None, **params: Any) -> Ba
     """The LLM for a declarative ``llm {model, apiKeySecretRef}``.
 
     ``crewfence/offline`` is the offline LLM; any other model becomes ``crewai.LLM`` with
-    its API key read from the environment variable ``api_key_env`` (never logged).
-    ``params`` (e.g. ``base_url``, ``temperature``) go to the constructor.
+    its API key read from a file or from the environment variable ``api_key_env`` (never
+    logged). The file is ``api_key_file``, or the file named by ``<api_key_env>_FILE`` (the
+    ``_FILE`` convention: the pod's environment then holds a path, not the key). A key file
+    obeys the owner-only rule and is read for every fresh crew, so a rotated key is used by
+    the next job. ``params`` (e.g. ``base_url``, ``temperature``) go to the constructor.
     """
+    key_file = params.pop("api_key_file", None)
     if model == MODEL_NAME:
         return OfflineLLM(**params)
-    if api_key_env is not None:
+    if key_file is None and api_key_env is not None and not os.environ.get(api_key_env):
+        key_file = os.environ.get(f"{api_key_env}_FILE") or None
+    if key_file is not None:
+        from crewfence_sidecar.credentials import CredentialError, read_secret_file
+
+        try:
+            params["api_key"] = read_secret_file(Path(key_file), "the LLM API key file")
+        except CredentialError as exc:
+            raise ValueError(str(exc)) from None
+    elif api_key_env is not None:
         api_key = os.environ.get(api_key_env)
         if not api_key:
             raise ValueError(f"environment variable {api_key_env} (the LLM API key) is not set")

@@ -76,28 +76,34 @@ class CancelledBeforeStart(ExecutionError):
 
 
 def jsonable(value: Any) -> Any:
-    """A JSON-serialisable copy (pydantic models dumped, UUIDs and other leftovers as str)."""
-    return to_jsonable_python(value, fallback=str)
+    """A JSON-serialisable copy: pydantic models dumped in JSON mode as their own class
+    (``serialize_as_any``: a field typed ``BaseModel`` keeps its subclass's fields), UUIDs and
+    other leftovers as str."""
+    return to_jsonable_python(value, fallback=str, serialize_as_any=True)
 
 
 def crew_output(crew: Crew | None, result: CrewOutput) -> dict[str, Any]:
-    """``raw``, ``tasks`` (with the task ids a replay can name) and ``token_usage``."""
+    """The reference's ``run`` output: crewai's ``CrewOutput`` serialized in JSON mode.
+
+    ``raw``, ``pydantic``, ``json_dict``, ``tasks_output`` (each ``TaskOutput`` serialized) and
+    ``token_usage`` (always present; ``{}`` when crewai reports none). crewfence extension
+    inside it: each ``tasks_output`` item whose task is known carries the task's ``id``, the
+    name a ``replay`` takes.
+    """
+    output: dict[str, Any] = jsonable(result)
+    for field_name in ("raw", "pydantic", "json_dict"):
+        output.setdefault(field_name, None)
+    if not isinstance(output.get("token_usage"), dict):
+        output["token_usage"] = {}
+    tasks_output = output.get("tasks_output")
+    if not isinstance(tasks_output, list):
+        tasks_output = output["tasks_output"] = []
     if crew is not None:
-        tasks = [
-            {"id": str(task.id), "name": task.name or "", "raw": task.output.raw}
-            for task in crew.tasks
-            if task.output is not None
-        ]
-    else:
-        tasks = [{"name": out.name or "", "raw": out.raw} for out in result.tasks_output]
-    output: dict[str, Any] = {"raw": result.raw, "tasks": tasks}
-    if result.token_usage is not None and result.token_usage.total_tokens:
-        output["token_usage"] = jsonable(result.token_usage)
-    if result.json_dict:
-        output["json"] = jsonable(result.json_dict)
-    if result.pydantic is not None:
-        output["pydantic"] = jsonable(result.pydantic)
-    return jsonable(output)
+        ids = {id(task.output): str(task.id) for task in crew.tasks if task.output is not None}
+        for item, task_out in zip(tasks_output, result.tasks_output, strict=False):
+            if id(task_out) in ids and isinstance(item, dict):
+                item["id"] = ids[id(task_out)]
+    return output
 
 
 def chunk_data(chunk: StreamChunk) -> dict[str, Any]:
@@ -221,12 +227,12 @@ async def _batch_run(catalog: CrewCatalog, ctx: ExecutionContext,
     # Like akickoff_for_each: batch outputs are not replayable, so clear the stored ones.
     reset_crew = await _build(catalog, ctx.crew_id)
     await asyncio.to_thread(reset_crew.reset_memories, command_type="kickoff_outputs")
+    # The reference's batch_run output: {results: [<run output>, ...], count}; the summed
+    # ``token_usage`` is crewfence's extension.
     outputs = [crew_output(None, job.result()) for job in jobs]
-    output: dict[str, Any] = {"results": outputs}
-    usages = [out["token_usage"] for out in outputs if "token_usage" in out]
-    if usages:
-        output["token_usage"] = {key: sum(u.get(key, 0) for u in usages) for key in usages[0]}
-    return output
+    usages = [out["token_usage"] for out in outputs if out["token_usage"]]
+    total = ({key: sum(u.get(key, 0) for u in usages) for key in usages[0]} if usages else {})
+    return {"results": outputs, "count": len(outputs), "token_usage": total}
 
 
 # --- replay ------------------------------------------------------------------------------------
@@ -236,7 +242,8 @@ def _replay(catalog: CrewCatalog, ctx: ExecutionContext, cancelled: threading.Ev
     inputs = ctx.input.get("inputs")
     result = crew.replay(task_id=str(ctx.input["task_id"]),
                          inputs=dict(inputs) if inputs is not None else None)
-    return {"replayed_task_id": ctx.input["task_id"], **crew_output(crew, result)}
+    # The run output shape; ``replayed_task_id`` is a crewfence extension inside it.
+    return {**crew_output(crew, result), "replayed_task_id": ctx.input["task_id"]}
 
 
 # --- train -------------------------------------------------------------------------------------
@@ -335,7 +342,11 @@ def _train(catalog: CrewCatalog, ctx: ExecutionContext, cancelled: threading.Eve
     finally:
         _TRAIN_LOCK.release()
     data = target.read_bytes()
+    # The reference's train output is {status, artifact_name, n_iterations}; the rest is
+    # crewfence's extension (where the artifact landed and what it holds).
     return {
+        "status": "completed",
+        "artifact_name": str(ctx.input["artifact_name"]),
         "artifact": target.name,
         "bytes": len(data),
         "sha256": hashlib.sha256(data).hexdigest(),
@@ -385,9 +396,12 @@ def _test(catalog: CrewCatalog, ctx: ExecutionContext, cancelled: threading.Even
     if not crewai_event_bus.flush(timeout=EVENT_FLUSH_SECONDS):
         raise ExecutionError("test: crewai's event bus did not deliver the scores in time")
     qualities = [s["quality"] for s in scores]
+    # The reference's test output is {status, n_iterations, eval_llm}; the scores are
+    # crewfence's extension.
     return jsonable({
+        "status": "completed",
         "n_iterations": n_iterations,
-        "eval_llm": eval_llm.model,
+        "eval_llm": str(ctx.input["eval_llm"]),
         "scores": scores,
         "average_quality": round(sum(qualities) / len(qualities), 3) if qualities else None,
     })
@@ -414,7 +428,7 @@ def _memory_reset(catalog: CrewCatalog, ctx: ExecutionContext,
     _check_not_cancelled(cancelled)
     command_type = str(ctx.input["command_type"])
     crew.reset_memories(command_type=command_type)
-    return {"command_type": command_type, "reset": True}
+    return {"status": "completed", "command_type": command_type}
 
 
 ThreadWork = Callable[[CrewCatalog, ExecutionContext, threading.Event], Any]

@@ -13,25 +13,37 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Container
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
 from crewfence_sidecar.contract import (
     OPERATION_TRAITS,
     ContractError,
+    DrainState,
     EventName,
     JobEvent,
     JobRecord,
     Operation,
+    ResolutionRequest,
     StartRequest,
     Status,
     Tombstone,
+    check_template_inputs,
     request_hash,
     validate_idempotency_key,
     validate_operation_input,
 )
-from crewfence_sidecar.journal import Journal, JournalFull, PersistError, dumps, utc_now
+from crewfence_sidecar.journal import (
+    Journal,
+    JournalFull,
+    PersistError,
+    dumps,
+    utc_iso,
+    utc_now,
+)
 from crewfence_sidecar.metrics import SidecarMetrics
+from crewfence_sidecar.workers.outcomes import StopReport, WorkerDied
 
 log = logging.getLogger("crewfence.sidecar.runtime")
 
@@ -49,6 +61,8 @@ class JobContext:
     training_dir: Path | None
     emit_chunk: Callable[[dict[str, Any]], Awaitable[None]]
     """Appends the data of one ``chunk`` event."""
+    on_stopped: Callable[[StopReport], None] | None = None
+    """Told by a worker executor that it stopped and reaped the job's worker (see workers)."""
 
 
 class Executor(Protocol):
@@ -81,6 +95,11 @@ class JournalUnavailable(Exception):
         self.full = full
 
 
+class Draining(Exception):
+    """The sidecar is draining: a new admission is refused (503 ``draining``); known actions
+    (exact repeats, lookups, events, cancel, archive) keep being answered."""
+
+
 class Gone(Exception):
     """The action was archived; the tombstone answers instead of running it again (410)."""
 
@@ -96,6 +115,14 @@ class _Job:
     cancel_reason: str | None = None
     cancel_requested: bool = False
     dropped_chunks: int = 0
+    stop: StopReport | None = None
+    """Set when the job's worker process was stopped and reaped (work_stopped)."""
+
+    def stop_fields(self) -> dict[str, Any]:
+        return self.stop.to_error_fields() if self.stop is not None else {}
+
+    def record_stop(self, report: StopReport) -> None:
+        self.stop = report
 
 
 @dataclass
@@ -167,12 +194,20 @@ class Runtime:
     def _check_admissible(self, req: StartRequest) -> None:
         if self._closing:
             raise ContractError(503, "shutting_down", "the sidecar is shutting down")
+        if self.journal.draining:
+            # Invariant (draining): no new action is admitted while the journaled switch is
+            # on; an exact repeat or an archived action was answered before this point.
+            self.metrics.rejection("draining")
+            raise Draining()
         if req.crew_id not in self.crews:
             raise ContractError(404, "unknown_crew", "no crew with this crew_id is hosted here")
         if req.operation not in self.settings.allowed_operations:
             raise ContractError(403, "operation_not_enabled",
                                 f"operation {req.operation.value} is not enabled")
         validate_operation_input(req.operation, req.input)
+        required = getattr(self.crews, "required_inputs", None)
+        if required is not None:
+            check_template_inputs(req.operation, req.input, required(req.crew_id))
 
     def _persist_admission(self, req: StartRequest, digest: str) -> JobRecord:
         now = utc_now()
@@ -210,9 +245,11 @@ class Runtime:
         async def emit_chunk(data: dict[str, Any]) -> None:
             self._append_chunk(req.action_id, data)
 
+        job = self._jobs.get(req.action_id)
         ctx = JobContext(crew_id=req.crew_id, action_id=req.action_id,
                          operation=req.operation.value, input=req.input,
-                         training_dir=self.settings.training_dir, emit_chunk=emit_chunk)
+                         training_dir=self.settings.training_dir, emit_chunk=emit_chunk,
+                         on_stopped=job.record_stop if job is not None else None)
         if req.operation is Operation.TRAIN:
             async with self._train_lock:
                 return await self.executor(ctx)
@@ -241,27 +278,37 @@ class Runtime:
             if job.cancel_requested:
                 self._finish(action_id, Status.CANCELLED, None,
                              {"code": "cancelled", "message": "cancelled on request",
-                              **({"reason": job.cancel_reason} if job.cancel_reason else {})},
+                              **({"reason": job.cancel_reason} if job.cancel_reason else {}),
+                              **job.stop_fields()},
                              uncertain=job.thread_backed)
                 return
             # not our cancel route: the server is stopping; the outcome is unknown
             self._finish(action_id, Status.FAILED, None,
                          {"code": "sidecar_stopped",
-                          "message": "the sidecar stopped while this job was running"},
+                          "message": "the sidecar stopped while this job was running",
+                          **job.stop_fields()},
                          uncertain=True)
             raise
         except TimeoutError:
             self._finish(action_id, Status.FAILED, None,
                          {"code": "timeout",
-                          "message": f"the job exceeded timeout_ms={req.effective_timeout_ms}"},
+                          "message": f"the job exceeded timeout_ms={req.effective_timeout_ms}",
+                          **job.stop_fields()},
                          uncertain=job.thread_backed)
+        except WorkerDied as died:
+            # Invariant (containment): a dead worker fails only its own job, uncertain (it may
+            # have had effects before it died); its group was killed and reaped first.
+            self._finish(action_id, Status.FAILED, None, died.error_fields(), uncertain=True)
+            log.warning("job worker died: %s", died.exit.describe(),
+                        extra={"action_id": action_id, "crew_id": record.crew_id})
         except Exception as exc:
             # The exception class only: messages can carry inputs or provider details.
+            name = str(getattr(exc, "exception_name", type(exc).__name__))
             self._finish(action_id, Status.FAILED, None,
-                         {"code": "execution_error", "exception": type(exc).__name__,
-                          "message": f"the operation raised {type(exc).__name__}"},
+                         {"code": "execution_error", "exception": name,
+                          "message": f"the operation raised {name}"},
                          uncertain=False)
-            log.warning("job failed: %s", type(exc).__name__,
+            log.warning("job failed: %s", name,
                         extra={"action_id": action_id, "crew_id": record.crew_id})
         else:
             try:
@@ -296,9 +343,13 @@ class Runtime:
         job = self._jobs.get(action_id)
         event_data: dict[str, Any] = {}
         if status is Status.COMPLETED:
-            event_data["output"] = output
+            # AIP: the `completed` event's data is the operation's output itself.
+            event_data = dict(output) if isinstance(output, dict) else {"output": output}
         if error is not None:
             event_data["error"] = error
+            if error.get("work_stopped"):
+                event_data["work_stopped"] = True
+                event_data["stopped_at"] = error.get("stopped_at")
         if job is not None and job.dropped_chunks:
             event_data["dropped_chunks"] = job.dropped_chunks
         try:
@@ -401,6 +452,71 @@ class Runtime:
         self._refresh_journal_metrics()
         log.info("archived", extra={"action_id": action_id, "crew_id": record.crew_id})
         return stone
+
+    def archive_older_than(self, seconds: int) -> list[Tombstone]:
+        """Archive every terminal record last updated at least ``seconds`` ago (tombstones)."""
+        cutoff = utc_iso(datetime.now(UTC) - timedelta(seconds=seconds))
+        try:
+            stones = self.journal.archive_older_than(cutoff)
+        except PersistError:
+            raise JournalUnavailable("the journal could not persist the archive",
+                                     full=False) from None
+        self._refresh_journal_metrics()
+        log.info("archived in bulk", extra={"count": len(stones), "older_than_s": seconds})
+        return stones
+
+    # --- draining --------------------------------------------------------------------------
+    def drain_state(self) -> DrainState:
+        return DrainState(draining=self.journal.draining,
+                          unarchived_records=len(self.journal.records))
+
+    def set_draining(self, draining: bool) -> DrainState:
+        """Switch draining on or off; journaled first, so a restart keeps it."""
+        try:
+            self.journal.set_draining(draining)
+        except PersistError:
+            raise JournalUnavailable("the journal could not persist the draining switch",
+                                     full=False) from None
+        log.info("draining" if draining else "not draining")
+        return self.drain_state()
+
+    # --- resolution ------------------------------------------------------------------------
+    def resolve(self, req: ResolutionRequest) -> tuple[JobEvent, bool]:
+        """Journal a person's finding on a finished action; ``(event, created)``.
+
+        Invariants: idempotent (an identical repeat returns the journaled event, created
+        False; a different resolution is refused with 409); only a terminal record takes one
+        (409 while running); the record itself never changes (see Journal.append_resolution).
+        """
+        record = self.journal.get(req.action_id)
+        if record is None or record.crew_id != req.crew_id:
+            stone = self.journal.tombstone(req.action_id)
+            if stone is not None and stone.crew_id == req.crew_id:
+                raise Gone(stone)
+            raise ContractError(404, "unknown_job", "no such job for this crew")
+        existing = self.journal.resolution(req.action_id)
+        if existing is not None:
+            journaled = {k: v for k, v in existing.data.items() if k != "recorded_at"}
+            if journaled != req.identity():
+                raise ContractError(409, "resolution_conflict",
+                                    "this action already has a different resolution")
+            return existing, False
+        if not record.terminal:
+            raise ContractError(409, "job_running",
+                                "only a finished job can be resolved; it is still running")
+        data = {**req.identity(), "recorded_at": utc_now()}
+        try:
+            event = self.journal.append_resolution(req.action_id, data)
+        except JournalFull as exc:
+            raise JournalUnavailable(str(exc), full=True) from None
+        except PersistError:
+            raise JournalUnavailable("the journal could not persist the resolution",
+                                     full=False) from None
+        self._refresh_journal_metrics()
+        log.info("resolved", extra={"action_id": req.action_id, "crew_id": req.crew_id,
+                                    "code": req.outcome.value})
+        self._notify(req.action_id)
+        return event, True
 
     # --- lifecycle -------------------------------------------------------------------------
     @property

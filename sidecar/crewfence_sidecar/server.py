@@ -14,11 +14,13 @@ from typing import Any
 from aiohttp import web
 
 from crewfence_sidecar.config import SidecarConfig
+from crewfence_sidecar.credentials import CredentialError, TokenSource
 from crewfence_sidecar.fencing import JournalLock, fence_journal
 from crewfence_sidecar.http_api import ApiSettings, build_app, default_operations
 from crewfence_sidecar.journal import Journal, JournalLimits
 from crewfence_sidecar.metrics import SidecarMetrics
 from crewfence_sidecar.runtime import CrewSet, Executor, JobContext, Runtime, RuntimeSettings
+from crewfence_sidecar.tls import ReloadingServerTLS, TlsFiles
 
 log = logging.getLogger("crewfence.sidecar.server")
 
@@ -108,12 +110,14 @@ class Sidecar:
     app: web.Application
     runner: web.AppRunner | None = None
     bound: list[tuple[str, int]] = field(default_factory=list)
+    tls: ReloadingServerTLS | None = None
 
     async def start(self) -> None:
         self.runner = web.AppRunner(self.app, access_log=None, handle_signals=False,
                                     shutdown_timeout=5.0)
         await self.runner.setup()
-        site = web.TCPSite(self.runner, self.config.host, self.config.port, backlog=512)
+        site = web.TCPSite(self.runner, self.config.host, self.config.port, backlog=512,
+                           ssl_context=self.tls.context if self.tls is not None else None)
         try:
             await site.start()
         except OSError as exc:
@@ -131,8 +135,31 @@ class Sidecar:
         self.opened.close()
 
 
+def server_tls(config: SidecarConfig) -> ReloadingServerTLS | None:
+    """The listener's TLS (certificate, key, client CA re-read on change); StartupError."""
+    if config.tls_cert_file is None or config.tls_key_file is None or \
+            config.tls_client_ca_file is None:
+        return None
+    try:
+        return ReloadingServerTLS(TlsFiles(cert=config.tls_cert_file, key=config.tls_key_file,
+                                           client_ca=config.tls_client_ca_file))
+    except CredentialError as exc:
+        raise StartupError(str(exc)) from None
+
+
+def token_source(config: SidecarConfig) -> TokenSource | None:
+    """The token file (re-read on change, several lines accepted) or the fixed token."""
+    try:
+        if config.token_file is not None:
+            return TokenSource.from_file(config.token_file)
+    except CredentialError as exc:
+        raise StartupError(str(exc)) from None
+    return TokenSource.from_token(config.token) if config.token is not None else None
+
+
 def build_sidecar(config: SidecarConfig, crews: CrewSet, executor: Executor,
                   opened: OpenedJournal) -> Sidecar:
+    tls = server_tls(config)
     metrics = SidecarMetrics()
     runtime = Runtime(opened.journal, crews,
                       RuntimeSettings(allowed_operations=config.allowed_operations,
@@ -143,12 +170,42 @@ def build_sidecar(config: SidecarConfig, crews: CrewSet, executor: Executor,
         token=config.token, crew_ids=tuple(crews.crew_ids()),
         operations=default_operations(config.allowed_operations),
         durable_journal=config.state_file is not None,
-        max_retained_runs=config.max_retained_runs, max_state_bytes=config.max_state_bytes))
-    return Sidecar(config=config, opened=opened, runtime=runtime, app=app)
+        max_retained_runs=config.max_retained_runs, max_state_bytes=config.max_state_bytes,
+        tokens=token_source(config), client_certificate_required=tls is not None))
+    return Sidecar(config=config, opened=opened, runtime=runtime, app=app, tls=tls)
 
 
-async def serve(config: SidecarConfig, catalog: Any, opened: OpenedJournal) -> None:
-    sidecar = build_sidecar(config, catalog, crewai_executor(catalog), opened)
+def worker_execution(config: SidecarConfig, supervisor: Any) -> tuple[CrewSet, Executor]:
+    """The crews the template loaded and the executor that forks one worker per job."""
+    from crewfence_sidecar.workers.executor import WorkerCrews, WorkerExecutor
+
+    supervisor.attach()
+    executor = WorkerExecutor(supervisor, stop_grace=config.worker_stop_grace_ms / 1000,
+                              max_live=config.max_concurrency, spares=config.worker_spares)
+    executor.prime()
+    return WorkerCrews(supervisor.info), executor
+
+
+async def serve(config: SidecarConfig, catalog: Any, opened: OpenedJournal,
+                supervisor: Any = None) -> None:
+    """Serve until SIGTERM/SIGINT. With a ``workers.supervisor.Supervisor`` (what the CLI
+    passes) every job runs in its own worker process and ``catalog`` is unused; without one,
+    jobs run in this process (in-process tests)."""
+    if supervisor is not None:
+        crews, executor = worker_execution(config, supervisor)
+    else:
+        crews, executor = catalog, crewai_executor(catalog)
+    try:
+        await _serve(config, build_sidecar(config, crews, executor, opened))
+    finally:
+        if supervisor is not None:
+            with contextlib.suppress(Exception):
+                await executor.close()  # type: ignore[attr-defined]
+            await supervisor.close()
+
+
+async def _serve(config: SidecarConfig, sidecar: Sidecar) -> None:
+    opened = sidecar.opened
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -157,6 +214,7 @@ async def serve(config: SidecarConfig, catalog: Any, opened: OpenedJournal) -> N
     report = opened.journal.restore_report
     for host, port in sidecar.bound:
         log.info("listening", extra={"host": host, "port": port,
+                                     "tls": sidecar.tls is not None,
                                      "journal_id": opened.journal.journal_id,
                                      "records": report.records,
                                      "recovered": len(report.recovered_running),

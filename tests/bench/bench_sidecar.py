@@ -10,7 +10,12 @@ Prints a table of:
 - exact-repeat latency;
 - a blocking `run` through the sidecar against the same offline crew built and kicked off
   in-process with `akickoff` (interleaved);
-- restore time and RSS of a sidecar whose journal holds 10,000 records of 20 events each.
+- restore time and RSS of a sidecar whose journal holds 10,000 records of 20 events each;
+- worker start: fork (in the template) to the first instruction of the job in the worker,
+  p50/p99 over forks of the real template process;
+- memory with 8 concurrent jobs: every job in its own worker (RSS and PSS of the sidecar, the
+  template and the 8 workers) against the same 8 jobs run in-process (the pre-worker path,
+  ``server.serve`` without a supervisor) in one sidecar process.
 
 Bars (exit status 1 when one fails): admission p50 at 10,000 <= 1.2x p50 at 100; sidecar
 run <= 1.2x in-process; restore of 10,000 records < 2 s.
@@ -279,7 +284,138 @@ async def run_benchmarks(args: argparse.Namespace, base: Path) -> dict[str, Any]
     finally:
         empty.stop()
         full.stop()
+    # 6. worker start: fork to the job's first instruction, on a real template
+    results.update(await bench_worker_start(crews, 20 if args.quick else 100))
+
+    # 7. memory with 8 concurrent jobs: workers vs in-process (the pre-worker path)
+    results.update(await bench_memory(base, crews))
     return results
+
+
+async def bench_worker_start(crews: Path, n: int) -> dict[str, Any]:
+    """Fork-to-first-instruction of ``n`` workers of one template (a job for an unknown crew:
+    the worker starts, reports ``started``, fails at once and exits)."""
+    from crewfence_sidecar.workers.executor import WorkerExecutor
+    from crewfence_sidecar.workers.settings import TemplateSettings
+    from crewfence_sidecar.workers.supervisor import Supervisor
+
+    supervisor = Supervisor.spawn_template(TemplateSettings(crews_file=str(crews)))
+    await asyncio.to_thread(supervisor.wait_ready)
+    supervisor.attach()
+    executor = WorkerExecutor(supervisor)
+    try:
+        from crewfence_sidecar.runtime import JobContext
+
+        async def no_chunks(data: dict[str, Any]) -> None:
+            return None
+
+        for i in range(n):
+            ctx = JobContext(crew_id="no-such-crew", action_id=f"start-{i}", operation="run",
+                             input={}, training_dir=None, emit_chunk=no_chunks)
+            try:
+                await executor(ctx)
+            except Exception:  # the expected failure of the unknown crew
+                pass
+    finally:
+        await supervisor.close()
+    starts = [ns / 1e9 for ns in executor.stats.start_ns]
+    return {"worker_start_p50": pct(starts, 50), "worker_start_p99": pct(starts, 99),
+            "worker_start_n": len(starts)}
+
+
+def _proc_kib(pid: int, field_name: str, file: str = "status") -> int:
+    try:
+        for line in Path(f"/proc/{pid}/{file}").read_text().splitlines():
+            if line.startswith(field_name + ":"):
+                return int(line.split()[1])
+    except OSError:
+        return 0
+    return 0
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat[stat.rindex(")") + 2:].split()[1]) == pid:
+                out.append(int(entry))
+    return out
+
+
+IN_PROCESS_SIDECAR = """import asyncio, sys
+from crewfence_sidecar.config import load_config
+from crewfence_sidecar.logs import setup_logging
+from crewfence_sidecar.server import load_catalog, open_journal, prepare_process_environment, serve
+config = load_config([])
+setup_logging(config.log_level)
+prepare_process_environment(config)
+opened = open_journal(config)
+asyncio.run(serve(config, load_catalog(config), opened))
+"""
+
+
+async def _eight_jobs(p: Proc, tag: str) -> None:
+    async with aiohttp.ClientSession() as s:
+        for i in range(8):
+            _, status = await admit(s, p.url, f"{tag}-{i}", f"[[sleep:3600]] {tag} {i}",
+                                    f"{tag}-{i}")
+            assert status == 202, status
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # every job has reached its model call
+            async with s.get(f"{p.url}/metrics") as r:
+                text = await r.text()
+            calls = [line for line in text.splitlines()
+                     if line.startswith("crewfence_sidecar_active_runs ")]
+            if calls and float(calls[0].split()[1]) >= 8:
+                break
+            await asyncio.sleep(0.1)
+    await asyncio.sleep(2.0)  # let the kickoffs reach the sleeping model call
+
+
+async def bench_memory(base: Path, crews: Path) -> dict[str, Any]:
+    common = {"CREWFENCE_MAX_CONCURRENCY": "8"}
+    out: dict[str, Any] = {}
+    workers_dir = private_dir(base, "mem-workers")
+    p = start_sidecar(base, "mem-workers", workers_dir / "journal.db", crews, **common)
+    try:
+        wait_listening(p)
+        await _eight_jobs(p, "w")
+        [template] = _children(p.proc.pid)
+        workers = _children(template)
+        pids = [p.proc.pid, template, *workers]
+        out.update({
+            "mem_workers_n": len(workers),
+            "mem_sidecar_rss_kib": _proc_kib(p.proc.pid, "VmRSS"),
+            "mem_template_rss_kib": _proc_kib(template, "VmRSS"),
+            "mem_workers_rss_kib": sum(_proc_kib(w, "VmRSS") for w in workers),
+            "mem_total_pss_kib": sum(_proc_kib(x, "Pss", "smaps_rollup") for x in pids),
+        })
+    finally:
+        p.stop()
+    inproc_dir = private_dir(base, "mem-inproc")
+    log = base / "mem-inproc.log"
+    full = {k: v for k, v in os.environ.items() if not k.startswith("CREWFENCE_")}
+    full.update({"CREWFENCE_CREWS_FILE": str(crews),
+                 "CREWFENCE_STATE_FILE": str(inproc_dir / "journal.db"),
+                 "CREWFENCE_HOST": "127.0.0.1", "CREWFENCE_PORT": "0",
+                 "CREWFENCE_TOKEN": TOKEN, "CREWAI_STORAGE_DIR": str(base / "mem-crewai"),
+                 **common})
+    with log.open("wb") as f:
+        proc = subprocess.Popen([sys.executable, "-c", IN_PROCESS_SIDECAR], env=full,
+                                stdout=subprocess.DEVNULL, stderr=f)
+    q = Proc(proc, log)
+    try:
+        wait_listening(q)
+        await _eight_jobs(q, "i")
+        out.update({"mem_inproc_rss_kib": q.rss_kib(),
+                    "mem_inproc_pss_kib": _proc_kib(proc.pid, "Pss", "smaps_rollup")})
+    finally:
+        q.stop()
+    return out
 
 
 def report(r: dict[str, Any]) -> bool:
@@ -304,6 +440,14 @@ def report(r: dict[str, Any]) -> bool:
          f"{r['rss_10k_kib'] / 1024:.1f} MiB",
          f"+{(r['rss_10k_kib'] - r['rss_empty_kib']) / 1024:.1f} MiB; journal "
          f"{r['journal_bytes_10k'] / 1024 / 1024:.1f} MiB"),
+        ("worker start (fork -> first instruction)", f"p50 {ms(r['worker_start_p50'])}",
+         f"p99 {ms(r['worker_start_p99'])}", f"{r['worker_start_n']} forks"),
+        ("8 jobs in workers: sidecar / template RSS", f"{r['mem_sidecar_rss_kib'] / 1024:.1f} MiB",
+         f"{r['mem_template_rss_kib'] / 1024:.1f} MiB",
+         f"{r['mem_workers_n']} workers RSS {r['mem_workers_rss_kib'] / 1024:.1f} MiB; "
+         f"all PSS {r['mem_total_pss_kib'] / 1024:.1f} MiB"),
+        ("8 jobs in-process (before workers)", f"{r['mem_inproc_rss_kib'] / 1024:.1f} MiB",
+         f"PSS {r['mem_inproc_pss_kib'] / 1024:.1f} MiB", "one process"),
     ]
     width = max(len(x[0]) for x in rows)
     print(f"{'measure':<{width}}  {'figure':<14} {'second':<22} note")

@@ -51,6 +51,8 @@ OPERATOR_METRICS = {
     "crewfence_operator_admission_seconds",
     "crewfence_operator_sidecar_failures_total",
     "crewfence_operator_fenced_replicas",
+    "crewfence_operator_unresolved_uncertain_crewjobs",
+    "crewfence_operator_oldest_unresolved_uncertain_seconds",
 }
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 

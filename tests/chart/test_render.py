@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import base64
-import datetime as dt
 import json
 from typing import Any
 
 import pytest
 from chart_helpers import CHART, NAMESPACE, RELEASE, Helm, find, one
-from cryptography import x509
-from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 
 OPERATOR = f"{RELEASE}-crewfence-operator"
 WEBHOOK = f"{RELEASE}-crewfence-webhook"
@@ -47,7 +43,7 @@ def test_several_replicas_peer_with_distinct_priorities(helm: Helm) -> None:
     assert env["CREWFENCE_OPERATOR_PEERING"] == "crewfence"
     assert one(docs, "ClusterKopfPeering", "crewfence")
     assert one(docs, "CustomResourceDefinition", "clusterkopfpeerings.kopf.dev")
-    rules = one(docs, "ClusterRole")["rules"]
+    rules = one(docs, "ClusterRole", f"{OPERATOR}-cluster")["rules"]
     assert any("clusterkopfpeerings" in r["resources"] for r in rules)
 
 
@@ -100,25 +96,26 @@ def test_rbac_has_no_wildcards_and_secrets_only_where_needed(
 ) -> None:
     docs = helm.render(values)
     for role in find(docs, "ClusterRole") + find(docs, "Role"):
-        for group, resource, verb in rule_triples(role["rules"]):
-            assert "*" not in (group, resource, verb), role["metadata"]["name"]
-            if resource == "secrets":
-                # The operator creates each Crew's token Secret and reads it back to dispatch;
-                # it never lists or watches Secrets.
-                assert verb in {"get", "create", "patch", "delete"}, verb
+        for rule in role["rules"]:
+            for group, resource, verb in rule_triples([rule]):
+                assert "*" not in (group, resource, verb), role["metadata"]["name"]
+                if resource == "secrets":
+                    # The operator creates each Crew's token Secret and reads it back to
+                    # dispatch; it never lists or watches Secrets.
+                    assert verb in {"get", "create", "patch", "delete", "update"}, verb
 
 
 def test_namespaced_rbac_grants_roles_only_in_watched_namespaces(helm: Helm) -> None:
     docs = helm.render({"rbac.namespaced": True, "operator.watchNamespaces": ["team-a", "team-b"]})
-    roles = find(docs, "Role")
+    roles = find(docs, "Role", OPERATOR)
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
-    bindings = find(docs, "RoleBinding")
+    bindings = find(docs, "RoleBinding", OPERATOR)
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
     for binding in bindings:
         assert binding["subjects"] == [
             {"kind": "ServiceAccount", "name": OPERATOR, "namespace": NAMESPACE}
         ]
-    cluster = rule_triples(one(docs, "ClusterRole")["rules"])
+    cluster = rule_triples(one(docs, "ClusterRole", f"{OPERATOR}-cluster")["rules"])
     assert not {t for t in cluster if t[1] in {"pods", "secrets", "crewjobs"}}
     env = env_of(one(docs, "Deployment")["spec"]["template"]["spec"])
     assert env["CREWFENCE_OPERATOR_NAMESPACES"] == "team-a,team-b"
@@ -140,22 +137,16 @@ def test_namespaced_rbac_needs_namespaces(helm: Helm) -> None:
     assert "watchNamespaces" in result.stderr
 
 
-def load_cert(pem: bytes) -> x509.Certificate:
-    return x509.load_pem_x509_certificate(pem)
-
-
-def test_generated_webhook_certificate_matches_ca_bundle(helm: Helm) -> None:
+def test_chart_renders_no_certificate_the_operator_keeps_it(helm: Helm) -> None:
     docs = helm.render()
-    secret = one(docs, "Secret", f"{WEBHOOK}-tls")
-    assert secret["type"] == "kubernetes.io/tls"
-    ca_pem = base64.b64decode(secret["data"]["ca.crt"])
+    assert not find(docs, "Secret", f"{WEBHOOK}-tls")
     vwc = one(docs, "ValidatingWebhookConfiguration")
     assert {w["name"] for w in vwc["webhooks"]} == {
         "validate-crew.crewfence.dev",
         "validate-pod.crewfence.dev",
     }
     for hook in vwc["webhooks"]:
-        assert base64.b64decode(hook["clientConfig"]["caBundle"]) == ca_pem
+        assert "caBundle" not in hook["clientConfig"]  # the operator injects it
         assert hook["clientConfig"]["service"] == {
             "name": WEBHOOK,
             "namespace": NAMESPACE,
@@ -163,32 +154,12 @@ def test_generated_webhook_certificate_matches_ca_bundle(helm: Helm) -> None:
             "port": 443,
         }
         assert "url" not in hook["clientConfig"]
-    ca = load_cert(ca_pem)
-    leaf = load_cert(base64.b64decode(secret["data"]["tls.crt"]))
-    assert leaf.issuer == ca.subject
-    key = ca.public_key()
-    assert leaf.signature_hash_algorithm is not None
-    if isinstance(key, rsa.RSAPublicKey):
-        key.verify(
-            leaf.signature,
-            leaf.tbs_certificate_bytes,
-            padding.PKCS1v15(),
-            leaf.signature_hash_algorithm,
-        )
-    else:
-        assert isinstance(key, ec.EllipticCurvePublicKey)
-        key.verify(
-            leaf.signature, leaf.tbs_certificate_bytes, ec.ECDSA(leaf.signature_hash_algorithm)
-        )
-    names = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    assert f"{WEBHOOK}.{NAMESPACE}.svc" in names.get_values_for_type(x509.DNSName)
-    not_after = dt.datetime.fromisoformat(
-        secret["metadata"]["annotations"]["crewfence.dev/not-after"]
-    )
-    assert abs((not_after - leaf.not_valid_after_utc).total_seconds()) < 3600
-    # The pod restarts when the certificate changes (the operator loads it at start).
     pod = one(docs, "Deployment")["spec"]["template"]
-    assert pod["metadata"]["annotations"]["checksum/webhook-tls"]
+    assert "checksum/webhook-tls" not in (pod["metadata"].get("annotations") or {})
+    env = env_of(pod["spec"])
+    assert env["CREWFENCE_OPERATOR_WEBHOOK_TLS_SECRET"] == f"{NAMESPACE}/{WEBHOOK}-tls"
+    assert env["CREWFENCE_OPERATOR_WEBHOOK_CONFIGURATION"] == vwc["metadata"]["name"]
+    assert env["CREWFENCE_OPERATOR_WEBHOOK_SERVICE"] == WEBHOOK
 
 
 def test_webhook_service_reaches_the_operator_port(helm: Helm) -> None:
@@ -205,7 +176,7 @@ def test_webhook_service_reaches_the_operator_port(helm: Helm) -> None:
     env = env_of(pod["spec"])
     assert env["CREWFENCE_OPERATOR_WEBHOOK_MODE"] == "service"
     mounts = {m["mountPath"] for m in pod["spec"]["containers"][0]["volumeMounts"]}
-    assert env["CREWFENCE_OPERATOR_WEBHOOK_CERT_DIR"] in mounts
+    assert env["CREWFENCE_OPERATOR_WEBHOOK_CERT_DIR"].startswith("/tmp/") and "/tmp" in mounts
 
 
 def test_cert_manager_mode(helm: Helm) -> None:
@@ -219,6 +190,12 @@ def test_cert_manager_mode(helm: Helm) -> None:
         vwc["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == f"{NAMESPACE}/{WEBHOOK}"
     )
     assert all("caBundle" not in w["clientConfig"] for w in vwc["webhooks"])
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    env = env_of(pod)
+    assert "CREWFENCE_OPERATOR_WEBHOOK_TLS_SECRET" not in env
+    mounts = {m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+    assert env["CREWFENCE_OPERATOR_WEBHOOK_CERT_DIR"] in mounts
+    assert not find(docs, "Role", f"{OPERATOR}-webhook-tls")
     external = helm.render(
         {
             "webhook.certManager.enabled": True,
@@ -234,7 +211,8 @@ def test_cert_manager_mode(helm: Helm) -> None:
 
 def test_network_policy_admits_only_the_operator_to_the_sidecar_port(helm: Helm) -> None:
     docs = helm.render({"operator.watchNamespaces": ["team-a", "team-b"]})
-    policies = find(docs, "NetworkPolicy")
+    policies = [p for p in find(docs, "NetworkPolicy")
+                if p["metadata"]["name"].endswith("-sidecars")]
     assert sorted(p["metadata"]["namespace"] for p in policies) == ["team-a", "team-b"]
     operator_labels = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
     for policy in policies:

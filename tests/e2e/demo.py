@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """The crewfence demo: a real control plane, the operator, a CrewJob that succeeds, and a slow
-CrewJob whose pod is killed, ending with an honestly uncertain outcome and recovery advice.
+CrewJob whose pod is killed, ending with an honestly uncertain outcome and recovery advice;
+then a person resolves it with the kubectl plugin and its linked successor runs once.
 
     python tests/e2e/demo.py [--keep]      # --keep leaves the cluster running afterwards
 
@@ -29,6 +30,7 @@ from crewjob_support import (
 )
 from harness import build, controlplane
 from harness.handles import Cluster
+from plugin_support import kubectl_plugin, plugin_dir
 
 NAMESPACE = "crewfence-demo"
 STATE_DIR = controlplane.REPO / ".e2e" / "demo"
@@ -121,6 +123,7 @@ def run_demo(keep: bool) -> int:
             raise StepFailed("no Warning Event was recorded for the uncertain outcome")
         say("The job stays Failed with uncertainOutcome=true; nothing re-ran it. Reconcile "
             "external effects before creating a new CrewJob.")
+        close_the_loop(cluster)
         print("\nDemo finished: every step succeeded.", flush=True)
         return 0
     finally:
@@ -131,6 +134,54 @@ def run_demo(keep: bool) -> int:
             print("\n==> Cleaning up: stopping everything the demo started", flush=True)
             stopped = controlplane.down(STATE_DIR)
             print(f"    stopped: {', '.join(stopped) or 'nothing'}", flush=True)
+
+
+def plugin(cluster: Cluster, folder: Path, *args: str) -> str:
+    result = kubectl_plugin(cluster, folder, *args)
+    text = (result.stdout or result.stderr).rstrip()
+    print(textwrap.indent(f"$ kubectl crewfence {' '.join(args)}\n{text}", "    "), flush=True)
+    if result.returncode != 0:
+        raise StepFailed(f"kubectl crewfence {' '.join(args)} failed")
+    return text
+
+
+def close_the_loop(cluster: Cluster) -> None:
+    """The human half: find, explain, resolve with the kubectl plugin, rerun once."""
+    folder = plugin_dir(STATE_DIR)
+    say("A person closes the loop with the kubectl plugin (kubectl-crewfence on the PATH): "
+        "find the unresolved uncertain outcomes, read the evidence, record the finding.")
+    plugin(cluster, folder, "uncertain", "-n", NAMESPACE)
+    plugin(cluster, folder, "explain", "crewjob-slow", "-n", NAMESPACE)
+    say("Suppose the provider's logs show no request for this action id: the work did not "
+        "happen. The resolution is recorded once (the API server refuses a second one), in "
+        "the CrewJob's status, in an Event and in the sidecar's journal; the phase stays.")
+    step("Resolving crewjob-slow as NotHappened", lambda: plugin(
+        cluster, folder, "resolve", "crewjob-slow", "-n", NAMESPACE, "--not-happened",
+        "--note", "demo: no provider request for this action id in the logs"))
+    show(cluster, "get", "crewjobs", "-n", NAMESPACE)
+    say("Only a linked successor (spec.supersedes) may run that work again, and only once.")
+    step("kubectl crewfence rerun crewjob-slow", lambda: plugin(
+        cluster, folder, "rerun", "crewjob-slow", "-n", NAMESPACE))
+    successor = step("Waiting until the operator admits the successor crewjob-slow-rerun",
+                     lambda: _expect(wait_phase(cluster, NAMESPACE, "crewjob-slow-rerun",
+                                                ("Running", "Succeeded"), timeout=300),
+                                     "Running", uncertain=False))
+    again = kubectl_plugin(cluster, folder, "rerun", "crewjob-slow", "-n", NAMESPACE)
+    if again.returncode == 0:
+        raise StepFailed("a second rerun of crewjob-slow was accepted")
+    say(f"A second rerun is refused: {again.stderr.strip()}")
+    links = successor["status"].get("supersedes") or {}
+    where = successor["status"].get("assignment") or {}
+    say(f"crewjob-slow-rerun runs once, under its own action id "
+        f"{successor['status']['actionId']}, on replica {where.get('ordinal')} "
+        f"({where.get('pod')}); it supersedes {links.get('name')} (resolved "
+        f"{links.get('outcome')}), and crewjob-slow now names it in status.supersededBy. "
+        "Like crewjob-slow it takes a few minutes ([[sleep:90]]); watch it with "
+        "kubectl get crewjobs -w.")
+    show(cluster, "get", "crewjobs", "-n", NAMESPACE)
+    show(cluster, "get", "crewjob", "crewjob-slow", "-n", NAMESPACE,
+         "-o", "jsonpath={.status.supersededBy}")
+    print()
 
 
 def _expect(obj: dict[str, Any], phase: str, *, uncertain: bool) -> dict[str, Any]:

@@ -3,8 +3,9 @@ object through defaulting, OpenAPI schema validation and admission of the contro
 release, without persisting anything.
 
 Objects of kinds whose CRDs a real cluster gets from other projects (cert-manager's Certificate
-and Issuer, prometheus-operator's ServiceMonitor and PodMonitor) cannot be validated here and
-are only checked structurally in tests/chart/test_render.py.
+and Issuer, prometheus-operator's ServiceMonitor, PodMonitor and PrometheusRule) cannot be
+validated here and are only checked structurally in tests/chart/test_render.py (the rule also
+by promtool in tests/chart/test_prometheus_rule.py).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import yaml
 from chart_support import render_chart
 from harness.handles import Cluster
 
-EXTERNAL_KINDS = {"Certificate", "Issuer", "ServiceMonitor", "PodMonitor"}
+EXTERNAL_KINDS = {"Certificate", "Issuer", "ServiceMonitor", "PodMonitor", "PrometheusRule"}
 
 VALUE_SETS: dict[str, dict[str, Any]] = {
     "defaults": {},
@@ -32,6 +33,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "webhook.certManager.enabled": True,
         "metrics.serviceMonitor.enabled": True,
         "metrics.podMonitor.enabled": True,
+        "metrics.prometheusRule.enabled": True,
         "argocd.installHealthChecks": True,
         "argocd.namespace": "@argocd",
     },

@@ -1,5 +1,6 @@
-"""The shared-state audit: a foreign pod that got onto a state claim (here: the webhook is off)
-fences the replica, sets StateVolumeShared, posts a Warning Event and counts in a metric."""
+"""The shared-state audit: a foreign pod that got onto a state claim (here: it predates the
+Crew, so no admission layer could refuse it) fences the replica, sets StateVolumeShared, posts
+a Warning Event and counts in a metric."""
 
 from __future__ import annotations
 
@@ -31,14 +32,10 @@ def test_foreign_mount_fences_the_replica(
     cluster: Cluster, operator_factory: Callable[..., Operator], namespace: str
 ) -> None:
     operator = operator_factory(webhook_mode="off")
-    crew = yaml.safe_load(EXAMPLE.read_text())
-    crew["spec"]["replicas"] = 2
-    crew["metadata"]["namespace"] = namespace
-    cluster.apply(crew)
-    wait_until(lambda: _status(cluster, namespace).get("readyReplicas") == 2, timeout=180,
-               what="2 ready replicas")
     assert _fenced_metric(operator) == 0
-
+    # The API server's policy refuses a foreign pod on a Crew's state claim once the Crew
+    # exists, so the foreign pod here predates the Crew (as one made before crewfence was
+    # installed would): the audit is the layer that catches it.
     cluster.apply(yaml.safe_dump({
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "backup-job",
                                                         "namespace": namespace},
@@ -47,13 +44,18 @@ def test_foreign_mount_fences_the_replica(
                  "volumes": [{"name": "s",
                               "persistentVolumeClaim": {"claimName": "research-state-1"}}]},
     }))
+    crew = yaml.safe_load(EXAMPLE.read_text())
+    crew["spec"]["replicas"] = 2
+    crew["metadata"]["namespace"] = namespace
+    cluster.apply(crew)
 
     def fenced() -> dict[str, Any] | None:
         status = _status(cluster, namespace)
         entries = {r["ordinal"]: r for r in status.get("replicas") or []}
-        return status if entries.get(1, {}).get("fenced") else None
+        fenced_now = entries.get(1, {}).get("fenced") and status.get("readyReplicas") == 1
+        return status if fenced_now else None
 
-    status = wait_until(fenced, timeout=60, what="replica 1 fenced")
+    status = wait_until(fenced, timeout=180, what="replica 1 fenced, replica 0 ready")
     entries = {r["ordinal"]: r for r in status["replicas"]}
     assert entries[0]["fenced"] is False
     reason = entries[1]["fenceReason"]

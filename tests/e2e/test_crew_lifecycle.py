@@ -149,30 +149,38 @@ def test_scale_down_keeps_a_journal_with_records(
     cluster.apply({**_crew(3), "metadata": {"name": "research", "namespace": namespace}})
     status = _ready(cluster, namespace, 3)
     replica2 = next(r for r in status["replicas"] if r["ordinal"] == 2)
-    record = _post_job(replica2["address"], _token(cluster, namespace), "scale-down-1")
-    assert record["status"] == "completed"
+    output = _post_job(replica2["address"], _token(cluster, namespace), "scale-down-1")
+    assert output["raw"]  # the blocking 200 is the completed run's output itself (AIP)
 
-    # 3 -> 1: replica 1's journal is empty (claim goes), replica 2's holds a record (claim stays).
+    # 3 -> 1: replica 1's journal is empty (drained, its pod goes; the claim stays by default),
+    # replica 2's holds a record (its pod stays, draining, answering lookups).
     cluster.kubectl("patch", "crew", "research", "-n", namespace, "--type=merge",
                     "-p", '{"spec":{"replicas":1}}', check=True)
 
     def settled() -> dict[str, Any] | None:
         s = _status(cluster, namespace)
         pods = {p["metadata"]["name"] for p in
-                cluster.get_json("pods", "-n", namespace)["items"]}
+                cluster.get_json("pods", "-n", namespace)["items"]
+                if not p["metadata"].get("deletionTimestamp")}
         claims = {c["metadata"]["name"] for c in
                   cluster.get_json("pvc", "-n", namespace)["items"]
                   if not c["metadata"].get("deletionTimestamp")}
-        done = (pods == {"research-0"} and "research-state-1" not in claims
-                and len(s.get("replicas") or []) == 1 and s.get("retainedClaims"))
-        return {"status": s, "claims": claims} if done else None
+        listed = {r["ordinal"]: r for r in s.get("replicas") or []}
+        done = (pods == {"research-0", "research-2"} and sorted(listed) == [0, 2]
+                and listed[2].get("state") == "Draining" and s.get("retainedClaims"))
+        return {"status": s, "claims": claims, "replicas": listed} if done else None
 
     result = wait_until(settled, timeout=120, interval=0.5, what="scale-down to settle")
-    assert "research-state-2" in result["claims"]
+    assert {"research-state-1", "research-state-2"} <= result["claims"]
+    draining = result["replicas"][2]
+    assert draining["ready"] is False and draining["address"] == replica2["address"]
+    assert draining["unarchivedRecords"] == 1
     (kept,) = result["status"]["retainedClaims"]
     assert kept["claim"] == "research-state-2" and kept["retainedRuns"] == 1
     cond = next(c for c in result["status"]["conditions"] if c["type"] == "StateClaimsRetained")
     assert cond["status"] == "True" and "research-state-2" in cond["message"]
+    released = cluster.get_json("pvc", "research-state-1", "-n", namespace)
+    assert "crewfence.dev/journal-empty" in released["metadata"]["annotations"]
 
 
 def test_spec_change_rolls_the_pods(
@@ -199,7 +207,9 @@ def test_spec_change_rolls_the_pods(
 
     after = wait_until(rolled, timeout=180, interval=0.5, what="the pod rolled to the new spec")
     with urllib.request.urlopen(f"http://{after['address']}/health", timeout=10) as resp:
-        assert sorted(json.load(resp)["operations"]) == ["knowledge_query", "run"]
+        # enabled startable operations plus the control ones, sorted (AIP)
+        assert json.load(resp)["operations"] == ["cancel", "events", "knowledge_query", "run",
+                                                 "status"]
     assert after["journalId"] == before["journalId"], "rolled on the same claim and journal"
 
 

@@ -96,7 +96,12 @@ def test_slow_example_runs_and_cancels(cluster: Cluster, research: str) -> None:
     if OPERATION_TRAITS[Operation.RUN].thread_backed:
         assert (status["uncertainOutcome"], status["reason"]) == (True, "CancelUnconfirmed")
         assert condition(obj, "OutcomeUncertain")["status"] == "True"
-        assert "assume work may continue" in status["recovery"]
+        # the job ran in its own worker process, which the sidecar killed and reaped first
+        stopped_at = status["cancellation"]["stoppedAt"]
+        assert status["cancellation"]["workStopped"] is True
+        assert f"Work stopped at {stopped_at}: reconcile external effects up to" \
+            in status["recovery"]
+        assert "may continue" not in status["recovery"]
     else:
         assert status["uncertainOutcome"] is False
         assert "confirm provider and tool state independently" in status["recovery"]

@@ -22,7 +22,7 @@ def test_replay_a_task_of_a_previous_run(cluster: Cluster, operator_process: Ope
     run = wait_phase(cluster, namespace, "first", timeout=300)["status"]
     assert run["phase"] == "Succeeded", json.dumps(run)
     cm = cluster.get_json("configmap", run["output"]["configMap"]["name"], "-n", namespace)
-    tasks = json.loads(cm["data"]["output"])["tasks"]
+    tasks = json.loads(cm["data"]["output"])["tasks_output"]  # CrewOutput, ids added
     task_id = tasks[0]["id"]
 
     replay = crewjob_manifest("again", "replay", {"task_id": task_id})

@@ -1,4 +1,6 @@
-"""Every shared-state rejection through kubectl, with its message (real API server + webhook)."""
+"""Every shared-state rejection through kubectl, with its message (real API server: the
+ValidatingAdmissionPolicies the operator installs out of cluster, and its webhook for what CEL
+cannot decide)."""
 
 from __future__ import annotations
 
@@ -68,7 +70,8 @@ def test_foreign_pod_on_state_claim_is_rejected(
                                                              "research-state-0"))
     assert result.returncode != 0
     message = result.stderr
-    assert "denied the request" in message
+    # Decided by the API server itself (the policy), not by the operator's webhook.
+    assert "ValidatingAdmissionPolicy 'crewfence-state-claims'" in message
     assert '"debugger"' in message and '"research-state-0"' in message
     assert 'Crew "research"' in message and "one writer per journal" in message
 
@@ -78,6 +81,7 @@ def test_foreign_pod_on_state_claim_is_rejected(
         "crewfence.dev/replica": "0"})
     result = cluster.kubectl("apply", "-f", "-", input=forged)
     assert result.returncode != 0 and '"research-0-copy"' in result.stderr
+    assert "ValidatingAdmissionPolicy" in result.stderr
     assert cluster.get_json("pod", "debugger", "-n", namespace) is None
 
     # A pod on an ordinary claim is not our business.
@@ -120,6 +124,31 @@ def test_existing_claim_of_another_crew_is_rejected(
     assert '"team-data"' in result.stderr and 'Crew "first"' in result.stderr
     assert cluster.get_json("crew", "second", "-n", namespace) is None
 
+
+def test_webhook_fences_a_state_claim_whose_crew_is_gone(
+    cluster: Cluster, operator_process: Operator, namespace: str
+) -> None:
+    """What CEL cannot decide (no Crew left to be a param): the webhook reads the claim's
+    labels and still rejects, with the Crew and the claim named."""
+    _webhook_serving(cluster, operator_process)
+    cluster.apply({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                   "metadata": {"name": "kept-journal", "namespace": namespace, "labels": {
+                       "app.kubernetes.io/managed-by": "crewfence", "crewfence.dev/crew": "gone",
+                       "crewfence.dev/replica": "0", "crewfence.dev/role": "state"}},
+                   "spec": {"accessModes": ["ReadWriteOncePod"],
+                            "resources": {"requests": {"storage": "1Gi"}}}})
+
+    def rejected() -> str | None:
+        result = cluster.kubectl("apply", "-f", "-",
+                                 input=_pod("reader", namespace, "kept-journal"))
+        if result.returncode == 0:  # the webhook was not serving yet (failurePolicy Ignore)
+            cluster.kubectl("delete", "pod", "reader", "-n", namespace, "--wait=true")
+            return None
+        return result.stderr
+
+    message = wait_until(rejected, timeout=60, what="the webhook to reject")
+    assert "denied the request" in message and 'Crew "gone"' in message
+    assert '"kept-journal"' in message
 
 
 def test_webhook_itself_rejects_shared_modes(

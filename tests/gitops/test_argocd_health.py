@@ -71,6 +71,41 @@ def test_crewjob_uncertain_outcome_is_degraded_and_says_so(run_health, generatio
     assert "Reconcile external effects" in health.message
 
 
+def resolved(outcome: str, **extra: Any) -> dict[str, Any]:
+    """An uncertain outcome after the operator accepted a resolution (OutcomeUncertain False)."""
+    conditions = [c if c["type"] != "OutcomeUncertain" else
+                  {**c, "status": "False", "reason": "Resolved"} for c in UNCERTAIN["conditions"]]
+    return {**UNCERTAIN, "conditions": conditions, "observedGeneration": 2,
+            "resolution": {"outcome": outcome, "note": "checked the provider",
+                           "resolvedBy": "kubectl-crewfence"}, **extra}
+
+
+@pytest.mark.parametrize(
+    ("outcome", "expected"),
+    [("Happened", "Healthy"), ("NotHappened", "Suspended"), ("Compensated", "Suspended")],
+)
+def test_crewjob_resolved_uncertain_outcome_is_settled(
+    run_health, outcome: str, expected: str
+) -> None:
+    health = run_health(CREWJOB, crewjob(resolved(outcome), generation=2))
+    assert health.status == expected
+    assert f"resolved {outcome}" in health.message
+    assert "kubectl-crewfence" in health.message
+
+
+def test_crewjob_resolution_not_yet_accepted_stays_degraded(run_health) -> None:
+    # spec.resolution set (generation 2) but the operator has not accepted it yet.
+    health = run_health(CREWJOB, crewjob(UNCERTAIN, generation=2))
+    assert health.status == "Degraded"
+
+
+def test_crewjob_resolved_names_its_successor(run_health) -> None:
+    status = resolved("NotHappened", supersededBy={"name": "j-rerun", "actionId": "team-a/j-rerun"})
+    health = run_health(CREWJOB, crewjob(status, generation=2))
+    assert health.status == "Suspended"
+    assert "j-rerun" in health.message
+
+
 def test_crewjob_uncertain_without_condition_still_says_uncertain(run_health) -> None:
     health = run_health(CREWJOB, crewjob(observed("Running", uncertainOutcome=True)))
     assert health.status == "Degraded"

@@ -72,6 +72,30 @@ def observed(phase: str | None, **extra: Any) -> dict[str, Any]:
         pytest.param(crewjob(observed("Cancelled"), cancel=True), "Current", id="cancel-requested"),
         pytest.param(crewjob(observed("Cancelled")), "Failed", id="cancelled-unrequested"),
         pytest.param(crewjob(observed("Succeeded"), generation=2), "InProgress", id="stale"),
+        pytest.param(
+            crewjob(observed("Failed", uncertainOutcome=True, resolution={"outcome": "Happened"})),
+            "Current",
+            id="resolved-happened",
+        ),
+        pytest.param(
+            crewjob(
+                observed("Failed", uncertainOutcome=True, resolution={"outcome": "NotHappened"})
+            ),
+            "Current",
+            id="resolved-not-happened",
+        ),
+        pytest.param(
+            crewjob(
+                observed("Cancelled", uncertainOutcome=True, resolution={"outcome": "Compensated"})
+            ),
+            "Current",
+            id="resolved-compensated",
+        ),
+        pytest.param(
+            crewjob(observed("Failed", uncertainOutcome=True), generation=2),
+            "InProgress",
+            id="resolution-not-yet-accepted",
+        ),
     ],
 )
 def test_crewjob_exprs(obj: dict[str, Any], expected: str) -> None:

@@ -74,36 +74,37 @@ app.kubernetes.io/component: operator
 {{- toJson $ns }}
 {{- end }}
 
-{{/* Webhook TLS ---------------------------------------------------------------------------------
-Generated once per render and cached on .Values (one map shared by all templates of this chart),
-so the Secret, the caBundle and the pod's checksum annotation see the same certificate whatever
-order Helm renders the files in. An existing Secret (helm install/upgrade with a cluster) is
-reused until 30 days before its recorded expiry; then the next upgrade rotates it.
+{{/* Admission namespace selectors ---------------------------------------------------------------
+Must equal operator/crewfence_operator/admission.py namespace_selector() (tests/chart checks):
+the user's selector (matchLabels kept, matchExpressions first), then the watched namespaces (when
+set), then NotIn kube-system + the given exclusions: those exclusions ALWAYS apply.
+Arguments: dict "base" (selector) "watch" (list) "excluded" (list).
 */}}
-{{- define "crewfence.webhookCerts" -}}
-{{- if not (hasKey .Values "_crewfenceWebhookCerts") }}
-{{- $svc := include "crewfence.webhookName" . }}
-{{- $ns := .Release.Namespace }}
-{{- $secretName := printf "%s-tls" $svc }}
-{{- $days := int .Values.webhook.generatedCert.validityDays }}
-{{- $certs := dict }}
-{{- $existing := lookup "v1" "Secret" $ns $secretName }}
-{{- if and $existing $existing.data $existing.metadata.annotations }}
-{{- $notAfter := get $existing.metadata.annotations "crewfence.dev/not-after" }}
-{{- if and $notAfter (gt (toDate "2006-01-02T15:04:05Z07:00" $notAfter | unixEpoch | int64) (add (now | unixEpoch) 2592000 | int64)) }}
-{{- $certs = dict "crt" (index $existing.data "tls.crt" | b64dec) "key" (index $existing.data "tls.key" | b64dec) "ca" (index $existing.data "ca.crt" | b64dec) "notAfter" $notAfter }}
+{{- define "crewfence.namespaceSelector" -}}
+{{- $exprs := list }}
+{{- range $e := (default (list) .base.matchExpressions) }}{{ $exprs = append $exprs $e }}{{ end }}
+{{- if .watch }}
+{{- $exprs = append $exprs (dict "key" "kubernetes.io/metadata.name" "operator" "In" "values" (.watch | uniq | sortAlpha)) }}
 {{- end }}
+{{- $never := uniq (concat (list "kube-system") .excluded) | sortAlpha }}
+{{- $exprs = append $exprs (dict "key" "kubernetes.io/metadata.name" "operator" "NotIn" "values" $never) }}
+{{- $sel := dict "matchExpressions" $exprs }}
+{{- if .base.matchLabels }}{{ $_ := set $sel "matchLabels" .base.matchLabels }}{{ end }}
+{{- toJson $sel }}
 {{- end }}
-{{- if not $certs }}
-{{- $ca := genCA (printf "%s-ca" $svc) $days }}
-{{- $dns := list $svc (printf "%s.%s" $svc $ns) (printf "%s.%s.svc" $svc $ns) (printf "%s.%s.svc.cluster.local" $svc $ns) }}
-{{- $cert := genSignedCert (printf "%s.%s.svc" $svc $ns) nil $dns $days $ca }}
-{{- $notAfter := dateInZone "2006-01-02T15:04:05Z07:00" (dateModify (printf "%dh" (mul $days 24)) now) "UTC" }}
-{{- $certs = dict "crt" $cert.Cert "key" $cert.Key "ca" $ca.Cert "notAfter" $notAfter }}
+
+{{/* The webhook never sees kube-system or the release namespace (the operator's own pods). */}}
+{{- define "crewfence.webhookNamespaceSelector" -}}
+{{- include "crewfence.namespaceSelector" (dict "base" (default (dict) .Values.webhook.namespaceSelector) "watch" .Values.operator.watchNamespaces "excluded" (list .Release.Namespace)) }}
 {{- end }}
-{{- $_ := set .Values "_crewfenceWebhookCerts" $certs }}
+
+{{/* The policies do not depend on the operator: only kube-system is left out. */}}
+{{- define "crewfence.policyNamespaceSelector" -}}
+{{- include "crewfence.namespaceSelector" (dict "base" (dict) "watch" .Values.operator.watchNamespaces "excluded" (list)) }}
 {{- end }}
-{{- toJson (get .Values "_crewfenceWebhookCerts") }}
+
+{{- define "crewfence.webhookTlsSecret" -}}
+{{- printf "%s-tls" (include "crewfence.webhookName" .) }}
 {{- end }}
 
 {{/* RBAC rules: must equal operator/crewfence_operator/rbac.py (tests/chart checks) ------------- */}}
@@ -122,7 +123,7 @@ reused until 30 days before its recorded expiry; then the next upgrade rotates i
   verbs: ["get", "create"]
 - apiGroups: [""]
   resources: ["secrets"]
-  verbs: ["get", "create"]
+  verbs: ["get", "create", "update"]
 - apiGroups: [""]
   resources: ["configmaps"]
   verbs: ["get", "list", "create", "patch", "update", "delete"]

@@ -8,14 +8,10 @@ metadata:
     {{- with .Values.podLabels }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
+  {{- with .Values.podAnnotations }}
   annotations:
-    {{- if and .Values.webhook.enabled (not .Values.webhook.certManager.enabled) }}
-    # The operator reads its serving certificate at start: a rotated certificate restarts it.
-    checksum/webhook-tls: {{ include "crewfence.webhookCerts" . | sha256sum }}
-    {{- end }}
-    {{- with .Values.podAnnotations }}
     {{- toYaml . | nindent 4 }}
-    {{- end }}
+  {{- end }}
 spec:
   serviceAccountName: {{ include "crewfence.serviceAccountName" . }}
   automountServiceAccountToken: true
@@ -55,6 +51,8 @@ spec:
         {{- end }}
         - name: CREWFENCE_OPERATOR_LIVENESS_PORT
           value: {{ .Values.operator.livenessPort | quote }}
+        - name: CREWFENCE_OPERATOR_READINESS_PORT
+          value: {{ .Values.operator.readinessPort | quote }}
         - name: CREWFENCE_OPERATOR_METRICS_PORT
           value: {{ .Values.operator.metricsPort | quote }}
         - name: CREWFENCE_OPERATOR_STATUS_INTERVAL
@@ -67,6 +65,8 @@ spec:
           value: {{ include "crewfence.sidecarImage" . | quote }}
         - name: CREWFENCE_OPERATOR_IMAGE_PULL_POLICY
           value: {{ .Values.sidecar.image.pullPolicy | quote }}
+        - name: CREWFENCE_OPERATOR_SIDECAR_TLS
+          value: {{ .Values.sidecar.tls.enabled | toString | quote }}
         - name: CREWFENCE_OPERATOR_SIDECAR_MAX_CONCURRENCY
           value: {{ .Values.sidecar.journal.maxConcurrency | int64 | quote }}
         - name: CREWFENCE_OPERATOR_SIDECAR_MAX_RETAINED_RUNS
@@ -84,8 +84,20 @@ spec:
           value: "0.0.0.0"
         - name: CREWFENCE_OPERATOR_WEBHOOK_PORT
           value: {{ .Values.webhook.port | quote }}
+        {{- if .Values.webhook.certManager.enabled }}
         - name: CREWFENCE_OPERATOR_WEBHOOK_CERT_DIR
           value: /etc/crewfence/webhook-tls
+        {{- else }}
+        # The operator keeps its serving certificate in this Secret and injects the CA.
+        - name: CREWFENCE_OPERATOR_WEBHOOK_CERT_DIR
+          value: /tmp/webhook-tls
+        - name: CREWFENCE_OPERATOR_WEBHOOK_TLS_SECRET
+          value: {{ printf "%s/%s" .Release.Namespace (include "crewfence.webhookTlsSecret" .) | quote }}
+        - name: CREWFENCE_OPERATOR_WEBHOOK_SERVICE
+          value: {{ include "crewfence.webhookName" . | quote }}
+        - name: CREWFENCE_OPERATOR_WEBHOOK_CONFIGURATION
+          value: {{ include "crewfence.fullname" . | quote }}
+        {{- end }}
         {{- else }}
         - name: CREWFENCE_OPERATOR_WEBHOOK_MODE
           value: "off"
@@ -100,6 +112,9 @@ spec:
         - name: healthz
           containerPort: {{ .Values.operator.livenessPort }}
           protocol: TCP
+        - name: readyz
+          containerPort: {{ .Values.operator.readinessPort }}
+          protocol: TCP
         {{- if .Values.webhook.enabled }}
         - name: webhook
           containerPort: {{ .Values.webhook.port }}
@@ -113,6 +128,14 @@ spec:
         periodSeconds: 20
         timeoutSeconds: 5
         failureThreshold: 3
+      # Ready: connected to the API server and, with the webhook, serving admission.
+      readinessProbe:
+        httpGet:
+          path: /readyz
+          port: readyz
+        periodSeconds: 10
+        timeoutSeconds: 5
+        failureThreshold: 3
       resources:
         {{- toYaml .Values.resources | nindent 8 }}
       securityContext:
@@ -120,7 +143,7 @@ spec:
       volumeMounts:
         - name: tmp
           mountPath: /tmp
-        {{- if .Values.webhook.enabled }}
+        {{- if and .Values.webhook.enabled .Values.webhook.certManager.enabled }}
         - name: webhook-tls
           mountPath: /etc/crewfence/webhook-tls
           readOnly: true
@@ -129,10 +152,10 @@ spec:
     - name: tmp
       emptyDir:
         sizeLimit: 64Mi
-    {{- if .Values.webhook.enabled }}
+    {{- if and .Values.webhook.enabled .Values.webhook.certManager.enabled }}
     - name: webhook-tls
       secret:
-        secretName: {{ include "crewfence.webhookName" . }}-tls
+        secretName: {{ include "crewfence.webhookTlsSecret" . }}
         defaultMode: 0400
     {{- end }}
   {{- with .Values.nodeSelector }}

@@ -1,15 +1,20 @@
-"""Create what a Crew needs (blocking API calls; run in a thread). Never overwrites a pod."""
+"""Create what a Crew needs (blocking API calls; run in a thread). Never overwrites a pod.
+
+Pods are never listed here: the operator keeps them in a kopf index fed by its pod watch
+(:func:`pod_index_entry`, registered in handlers/crew.py), and each pass reads that index.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from crewfence_operator import constants as c
 from crewfence_operator import kube
+from crewfence_operator.crew import tls_secrets
 from crewfence_operator.crew.identity import CrewRef, parse_ordinal, state_claim_labels
-from crewfence_operator.crew.pod import PodSettings, replica_pod
+from crewfence_operator.crew.pod import PodSettings, pod_claims, replica_pod
 from crewfence_operator.crew.resources import (
     claim_for_ordinal,
     crews_configmap,
@@ -33,11 +38,35 @@ class Snapshot:
     """What exists after one ensure pass."""
 
     namespace_pods: list[dict[str, Any]]
+    """The namespace's indexed pods (replica pods and pods mounting a claim)."""
     pods: dict[int, dict[str, Any]]
     """The operator's replica pods by ordinal (including terminating ones)."""
     claims: dict[int, dict[str, Any]]
     """This Crew's state claims by ordinal."""
     created_pods: list[str] = field(default_factory=list)
+
+
+def pod_index_entry(body: Mapping[str, Any]) -> dict[str, dict[str, Any]] | None:
+    """The pod index's value for one pod: ``{namespace: slim pod}``, or None (not indexed).
+
+    Indexed: the operator's replica pods, and any pod that mounts a PersistentVolumeClaim (the
+    shared-state audit looks for foreign pods on state claims). Kept: metadata without managed
+    fields, the claim volumes, and status (phase, podIP, conditions).
+    """
+    meta = body.get("metadata") or {}
+    namespace = meta.get("namespace")
+    labels = meta.get("labels") or {}
+    claims = pod_claims(dict(body))
+    if not namespace or (labels.get(c.LABEL_MANAGED_BY) != c.MANAGED_BY_VALUE and not claims):
+        return None
+    status = body.get("status") or {}
+    slim = {
+        "metadata": {k: v for k, v in meta.items() if k != "managedFields"},
+        "spec": {"volumes": [{"name": f"claim-{i}", "persistentVolumeClaim": {"claimName": n}}
+                             for i, n in enumerate(claims)]},
+        "status": {k: status[k] for k in ("phase", "podIP", "conditions") if k in status},
+    }
+    return {str(namespace): slim}
 
 
 def desired_pod(
@@ -100,8 +129,9 @@ def _index_by_ordinal(
     return result
 
 
-def observe(crew: CrewRef, spec: CrewSpec, settings: PodSettings) -> Snapshot:
-    pods = kube.list_pods(crew.namespace)
+def observe(crew: CrewRef, spec: CrewSpec, pods: Iterable[Mapping[str, Any]]) -> Snapshot:
+    """This Crew's pods (from ``pods``, the namespace's indexed pods) and state claims."""
+    listed = [dict(p) for p in pods]
     claims = kube.list_claims(crew.namespace, f"{c.LABEL_CREW}={crew.name},"
                                               f"{c.LABEL_ROLE}={c.ROLE_STATE}")
     claim_by_ordinal: dict[int, dict[str, Any]] = {}
@@ -112,20 +142,22 @@ def observe(crew: CrewRef, spec: CrewSpec, settings: PodSettings) -> Snapshot:
                 crew, spec, ordinal):
             claim_by_ordinal[ordinal] = claim
     return Snapshot(
-        namespace_pods=pods,
-        pods=_index_by_ordinal(crew, pods, lambda o: c.pod_name(crew.name, o)),
+        namespace_pods=listed,
+        pods=_index_by_ordinal(crew, listed, lambda o: c.pod_name(crew.name, o)),
         claims=claim_by_ordinal,
     )
 
 
 def ensure(
-    crew: CrewRef, spec: CrewSpec, settings: PodSettings, *, full: bool = True
+    crew: CrewRef, spec: CrewSpec, settings: PodSettings, pods: Iterable[Mapping[str, Any]], *,
+    full: bool = True,
 ) -> Snapshot:
     """Create missing children for ordinals 0..replicas-1 and return what exists.
 
-    Writes happen only for what is missing or changed (a create answered 409 still counts as a
-    write request for the API server). ``full=False`` skips the per-Crew Secret, Service and
-    ConfigMap checks (the daemon does them on spec changes and now and then).
+    ``pods``: the namespace's pods as the watch last saw them (the pod index). Writes happen
+    only for what is missing or changed (a create answered 409 still counts as a write request
+    for the API server). ``full=False`` skips the per-Crew Secret, Service and ConfigMap checks
+    (the daemon does them on spec changes and now and then).
     """
     if full:
         if not kube.exists("Secret", crew.namespace, c.token_secret_name(crew.name)):
@@ -133,24 +165,38 @@ def ensure(
         _ensure_configmap(crew, spec)
         if not kube.exists("Service", crew.namespace, c.service_name(crew.name)):
             kube.create_if_absent(headless_service(crew, settings.port))
-    snap = observe(crew, spec, settings)
+    snap = observe(crew, spec, pods)
+    if settings.sidecar_tls and full:
+        # Before any pod that mounts them: the Crew CA and each replica's certificate
+        # (re-issued before expiry and once the pod's IP is known).
+        tls_secrets.ensure_replica_secrets(crew, sorted(set(range(spec.replicas))
+                                                        | set(snap.pods)), snap.pods)
     for ordinal in range(spec.replicas):
         if ordinal not in snap.claims:
             _ensure_claim(crew, spec, ordinal)
         elif _has_release_marks(snap.claims[ordinal]):
             _ensure_claim(crew, spec, ordinal)
-    created: list[str] = []
-    for ordinal in range(spec.replicas):
-        # One pod object per ordinal, ever: a terminating pod still holds the claim, so a
-        # replacement is created only once the old object is gone (its deletion wakes us).
+    create_pods(crew, spec, settings, snap, range(spec.replicas))
+    return snap
+
+
+def create_pods(
+    crew: CrewRef, spec: CrewSpec, settings: PodSettings, snap: Snapshot,
+    ordinals: Iterable[int],
+) -> None:
+    """Create the pod of each ordinal that has none; record them in ``snap``.
+
+    One pod object per ordinal, ever: a terminating pod still holds the claim, so a
+    replacement is created only once the old object is gone (its deletion wakes us). The index
+    may lag behind a create: the create itself is by name, so a second one answers 409.
+    """
+    for ordinal in ordinals:
         if ordinal in snap.pods:
             continue
-        if kube.create_if_absent(desired_pod(crew, spec, ordinal, settings)):
-            created.append(c.pod_name(crew.name, ordinal))
-    if created:
-        snap = observe(crew, spec, settings)
-        snap.created_pods = created
-    return snap
+        pod = desired_pod(crew, spec, ordinal, settings)
+        if kube.create_if_absent(pod):
+            snap.created_pods.append(c.pod_name(crew.name, ordinal))
+            snap.pods[ordinal] = pod
 
 
 def _has_release_marks(claim: Mapping[str, Any]) -> bool:
@@ -158,5 +204,8 @@ def _has_release_marks(claim: Mapping[str, Any]) -> bool:
     return RELEASED_ANNOTATION in annotations or RETAINED_ANNOTATION in annotations
 
 
-def apply_claim_annotations(namespace: str, claim: str, annotations: Mapping[str, str]) -> None:
+def apply_claim_annotations(
+    namespace: str, claim: str, annotations: Mapping[str, str | None]
+) -> None:
+    """Merge-patch a claim's annotations (None removes one)."""
     kube.patch_claim(namespace, claim, {"metadata": {"annotations": dict(annotations)}})

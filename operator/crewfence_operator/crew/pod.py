@@ -6,6 +6,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from crewfence_operator import constants as c
+from crewfence_operator.crew.credentials import (
+    credential_files_env,
+    credentials_mount,
+    credentials_volume,
+)
 from crewfence_operator.crew.identity import CrewRef, object_meta, replica_labels
 from crewfence_operator.crew.resources import LLM_API_KEY_ENV, claim_for_ordinal
 from crewfence_operator.crew.spec import CrewSpec, JournalBounds
@@ -20,6 +25,9 @@ class PodSettings:
     port: int = c.SIDECAR_PORT
     journal_defaults: JournalBounds = field(default_factory=JournalBounds)
     """Bounds for Crews that do not set them (operator-wide, e.g. from the chart's values)."""
+    sidecar_tls: bool = False
+    """Mutual TLS and credentials as files (``crew/credentials.py``): the token, the LLM API
+    key and the replica's certificate come from one projected volume, never the environment."""
 
 
 def _env(name: str, value: str) -> dict[str, Any]:
@@ -27,7 +35,8 @@ def _env(name: str, value: str) -> dict[str, Any]:
 
 
 def sidecar_env(
-    crew: CrewRef, spec: CrewSpec, port: int, defaults: JournalBounds | None = None
+    crew: CrewRef, spec: CrewSpec, port: int, defaults: JournalBounds | None = None,
+    *, files: bool = False,
 ) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [
         {"name": "CREWFENCE_HOST",
@@ -61,9 +70,13 @@ def sidecar_env(
         "CREWFENCE_MAX_EVENT_BYTES": _first(j.max_event_bytes, d.max_event_bytes),
         "CREWFENCE_MAX_STATE_BYTES": _first(j.max_state_bytes, d.max_state_bytes),
         "CREWFENCE_MAX_CONCURRENCY": _first(j.max_concurrency, d.max_concurrency),
+        "CREWFENCE_WORKER_MEMORY_MB": spec.worker_limits.memory_mib,
+        "CREWFENCE_WORKER_CPU_SECONDS": spec.worker_limits.cpu_seconds,
     }
     env.extend(_env(name, str(value)) for name, value in bounds.items() if value is not None)
     ref = spec.llm.api_key_secret_ref
+    if files:
+        return credential_files_env(env)
     if ref is not None:
         env.append({"name": LLM_API_KEY_ENV,
                     "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
@@ -74,8 +87,11 @@ def _first(value: int | None, default: int | None) -> int | None:
     return value if value is not None else default
 
 
-def _volumes(crew: CrewRef, spec: CrewSpec, ordinal: int) -> list[dict[str, Any]]:
+def _volumes(crew: CrewRef, spec: CrewSpec, ordinal: int,
+             files: bool = False) -> list[dict[str, Any]]:
+    extra = [credentials_volume(crew, spec, ordinal)] if files else []
     return [
+        *extra,
         {"name": "state",
          "persistentVolumeClaim": {"claimName": claim_for_ordinal(crew, spec, ordinal)}},
         {"name": "crews",
@@ -85,8 +101,10 @@ def _volumes(crew: CrewRef, spec: CrewSpec, ordinal: int) -> list[dict[str, Any]
     ]
 
 
-def _mounts() -> list[dict[str, Any]]:
+def _mounts(files: bool = False) -> list[dict[str, Any]]:
+    extra = [credentials_mount()] if files else []
     return [
+        *extra,
         {"name": "state", "mountPath": c.STATE_MOUNT},
         {"name": "crews", "mountPath": c.CREWS_MOUNT, "readOnly": True},
         {"name": "scratch", "mountPath": c.SCRATCH_MOUNT},
@@ -104,14 +122,15 @@ def replica_pod(
         "imagePullPolicy": spec.image_pull_policy or settings.image_pull_policy,
         "command": [c.SIDECAR_COMMAND],
         "workingDir": c.SCRATCH_MOUNT,
-        "env": sidecar_env(crew, spec, settings.port, settings.journal_defaults),
+        "env": sidecar_env(crew, spec, settings.port, settings.journal_defaults,
+                           files=settings.sidecar_tls),
         "ports": [{"name": c.SIDECAR_PORT_NAME, "containerPort": settings.port,
                    "protocol": "TCP"}],
         "readinessProbe": {
             "httpGet": {"path": "/health", "port": c.SIDECAR_PORT_NAME},
             "periodSeconds": 5, "timeoutSeconds": 3, "failureThreshold": 3,
         },
-        "volumeMounts": _mounts(),
+        "volumeMounts": _mounts(settings.sidecar_tls),
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "readOnlyRootFilesystem": True,
@@ -137,10 +156,12 @@ def replica_pod(
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "containers": [container],
-        "volumes": _volumes(crew, spec, ordinal),
+        "volumes": _volumes(crew, spec, ordinal, settings.sidecar_tls),
     }
     if spec.service_account_name:
         pod_spec["serviceAccountName"] = spec.service_account_name
+    if settings.sidecar_tls:
+        container["readinessProbe"]["httpGet"]["scheme"] = "HTTPS"
     return {
         "apiVersion": "v1",
         "kind": "Pod",

@@ -1,8 +1,20 @@
-"""What to do with a replica above ``spec.replicas``: pure decisions, no API calls.
+"""What to do with each replica ordinal as ``spec.replicas`` moves: pure decisions, no API calls.
 
-A state claim is deleted only after its own sidecar said its journal retains no record
-(``/health`` ``retained_runs == 0``); that answer is written onto the claim as an annotation
-before the pod goes, so the decision survives an operator restart. Any doubt keeps the claim.
+Invariants kept here (each has a unit test in tests/unit/operator_crew/test_scaledown.py):
+
+- **A journal that may hold an unarchived record stays reachable.** A replica above
+  ``spec.replicas`` keeps its pod, switched to draining, while its journal holds unarchived
+  records, while it runs jobs, and whenever its sidecar cannot say (no answer, or a sidecar
+  without a draining mode). A kept claim without a pod gets a (draining) pod again.
+- **A replica is retired only on its own word.** Its pod is deleted only when one ``/health``
+  answer of that sidecar says: draining, no active run, zero unarchived records, with a journal
+  id. Draining refuses admissions, so that zero cannot grow afterwards. The answer is written
+  onto the claim (``RELEASED_ANNOTATION``) before the pod goes, so it survives an operator
+  restart; only a claim carrying it may be deleted, and only with ``storage.whenScaled: Delete``.
+- **Every journal that may hold an action is listed** (``Active``, ``Draining`` or
+  ``Retained``; see :class:`ReplicaState`), so the CrewJob probe asks it before any admission.
+- **Scaling back up undrains**: a replica at an ordinal below ``spec.replicas`` whose sidecar
+  says it is draining is switched back.
 """
 
 from __future__ import annotations
@@ -12,95 +24,148 @@ from dataclasses import dataclass
 from typing import Any
 
 from crewfence_operator import constants as c
-from crewfence_operator.crew.status import Health, RetainedClaim
+from crewfence_operator.crew.status import Health, ReplicaState, RetainedClaim
 
 RELEASED_ANNOTATION = f"{c.GROUP}/journal-empty"
-"""On a state claim: its sidecar reported zero retained records (value: the journal id)."""
+"""On a state claim: its draining sidecar reported zero unarchived records (value: journal id)."""
 RETAINED_ANNOTATION = f"{c.GROUP}/retained-runs"
-"""On a kept state claim: records its sidecar reported when its pod was removed ("" unknown)."""
+"""Written by operators before draining existed: records its sidecar reported at pod removal."""
+
+RETENTION_MIN_INTERVAL = 5.0
+RETENTION_MAX_INTERVAL = 300.0
 
 
 @dataclass(frozen=True)
 class ExcessReplica:
+    """What was observed for one ordinal at or above ``spec.replicas``."""
+
     ordinal: int
     claim: str
     claim_obj: Mapping[str, Any] | None
     pod: Mapping[str, Any] | None
     health: Health | None
-    drain_announced: bool
-    """Status already showed this replica as not ready long enough for dispatchers to notice."""
+    delete_claim_when_empty: bool = False
+    """``storage.whenScaled: Delete``."""
 
 
 @dataclass(frozen=True)
 class Decision:
     ordinal: int
     claim: str
-    annotate: Mapping[str, str] | None = None
-    """Annotations to put on the claim before deleting the pod."""
+    state: ReplicaState | None = None
+    """How the replica is listed in status; None: not listed (nothing unarchived is left)."""
+    message: str | None = None
+    drain: bool = False
+    """Ask the sidecar to switch to draining."""
+    create_pod: bool = False
+    """A (draining) pod for a claim kept without one."""
+    annotate: Mapping[str, str | None] | None = None
+    """Claim annotations to set (None removes one), before deleting the pod."""
     delete_pod: bool = False
     delete_claim: bool = False
-    draining: str | None = None
-    """The pod stays for now; this says why (shown in status)."""
     retained: RetainedClaim | None = None
+    """The claim as listed in ``status.retainedClaims`` (kept for compatibility)."""
 
 
 def claim_released(claim_obj: Mapping[str, Any] | None) -> bool:
-    annotations = ((claim_obj or {}).get("metadata") or {}).get("annotations") or {}
-    return RELEASED_ANNOTATION in annotations
+    return RELEASED_ANNOTATION in _annotations(claim_obj)
+
+
+def _annotations(obj: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    return ((obj or {}).get("metadata") or {}).get("annotations") or {}
 
 
 def _terminating(obj: Mapping[str, Any] | None) -> bool:
     return bool(((obj or {}).get("metadata") or {}).get("deletionTimestamp"))
 
 
-def _retained(ex: ExcessReplica, runs: int | None, why: str) -> RetainedClaim:
+def _kept(ex: ExcessReplica, records: int | None, why: str) -> RetainedClaim:
     return RetainedClaim(
-        ordinal=ex.ordinal, claim=ex.claim, retained_runs=runs,
-        reason=(
-            f"{why}; scale up to archive them (`crewfence journal archive`) or delete the claim "
-            f"yourself to discard them"
-        ),
-    )
+        ordinal=ex.ordinal, claim=ex.claim, retained_runs=records,
+        reason=(f"{why}; its pod stays (draining: lookups only) until the journal holds no "
+                f"unarchived record: archive them (`crewfence journal archive`, or set "
+                f"spec.journal.retention) or scale back up"))
+
+
+def _unreleased(ex: ExcessReplica) -> Mapping[str, str | None] | None:
+    """Drop a release mark that the sidecar's live answer contradicts."""
+    return {RELEASED_ANNOTATION: None} if claim_released(ex.claim_obj) else None
+
+
+def _live_pod(ex: ExcessReplica) -> Decision:
+    health = ex.health
+    draining = ReplicaState.DRAINING
+    if health is None:
+        return Decision(
+            ex.ordinal, ex.claim, draining,
+            "scaling down: the replica does not answer /health; kept until it reports an "
+            "empty journal",
+            retained=_kept(ex, None, "the replica cannot report its journal"))
+    if health.draining is None:
+        return Decision(
+            ex.ordinal, ex.claim, draining,
+            "scaling down: this sidecar has no draining mode; kept (upgrade its image)",
+            retained=_kept(ex, health.retained_runs, "the sidecar cannot drain"))
+    if not health.draining:
+        return Decision(ex.ordinal, ex.claim, draining,
+                        "scaling down: switching the sidecar to draining", drain=True,
+                        annotate=_unreleased(ex))
+    if (health.active_runs or 0) > 0:
+        return Decision(ex.ordinal, ex.claim, draining,
+                        f"draining: waiting for {health.active_runs} running job(s) to end",
+                        annotate=_unreleased(ex),
+                        retained=_kept(ex, health.unarchived_records, "jobs still run there"))
+    records = health.unarchived_records
+    if records is None or records > 0 or not health.journal_id:
+        shown = "an unknown number of" if records is None else str(records)
+        return Decision(
+            ex.ordinal, ex.claim, draining,
+            f"draining: journal holds {shown} unarchived record(s)", annotate=_unreleased(ex),
+            retained=_kept(ex, records, f"journal holds {shown} unarchived record(s)"))
+    return Decision(ex.ordinal, ex.claim, draining,
+                    "draining: journal holds no unarchived record; removing the pod",
+                    annotate={RELEASED_ANNOTATION: health.journal_id}, delete_pod=True)
 
 
 def decide(ex: ExcessReplica) -> Decision:
-    pod, health = ex.pod, ex.health
+    """The next step for one replica above ``spec.replicas``."""
+    pod = ex.pod
     if pod is not None and not _terminating(pod):
-        if not ex.drain_announced:
-            return Decision(ex.ordinal, ex.claim, draining="scaling down: no new jobs")
-        if health is not None and (health.active_runs or 0) > 0:
-            waiting = f"scaling down: waiting for {health.active_runs} active run(s)"
-            return Decision(ex.ordinal, ex.claim, draining=waiting)
-        if health is not None and health.retained_runs == 0 and health.journal_id:
-            return Decision(ex.ordinal, ex.claim, delete_pod=True,
-                            annotate={RELEASED_ANNOTATION: health.journal_id})
-        if health is not None and health.retained_runs:
-            return Decision(
-                ex.ordinal, ex.claim, delete_pod=True,
-                annotate={RETAINED_ANNOTATION: str(health.retained_runs)},
-                retained=_retained(ex, health.retained_runs,
-                                   f"journal holds {health.retained_runs} unarchived record(s)"))
-        return Decision(
-            ex.ordinal, ex.claim, delete_pod=True, annotate={RETAINED_ANNOTATION: ""},
-            retained=_retained(ex, None, "the replica could not report its journal, so it may "
-                                         "hold unarchived records"))
+        return _live_pod(ex)
     if pod is not None:  # terminating: wait until it is gone before touching the claim
         if claim_released(ex.claim_obj):
-            return Decision(ex.ordinal, ex.claim, draining="scaling down: pod terminating")
-        return Decision(ex.ordinal, ex.claim,
-                        retained=_retained(ex, None, "pod terminating before its journal was "
-                                                     "confirmed empty"))
-    if ex.claim_obj is None:
+            return Decision(ex.ordinal, ex.claim)
+        return Decision(
+            ex.ordinal, ex.claim, ReplicaState.RETAINED,
+            "pod terminating before its journal was confirmed empty; a draining pod follows",
+            retained=_kept(ex, None, "its pod went before the journal was confirmed empty"))
+    if ex.claim_obj is None or _terminating(ex.claim_obj):
         return Decision(ex.ordinal, ex.claim)
     if claim_released(ex.claim_obj):
-        return Decision(ex.ordinal, ex.claim, delete_claim=not _terminating(ex.claim_obj))
-    annotations = (ex.claim_obj.get("metadata") or {}).get("annotations") or {}
-    known = annotations.get(RETAINED_ANNOTATION)
-    if known and known.isdigit():
-        return Decision(ex.ordinal, ex.claim,
-                        retained=_retained(ex, int(known),
-                                           f"journal holds {known} unarchived record(s)"))
+        return Decision(ex.ordinal, ex.claim, delete_claim=ex.delete_claim_when_empty)
+    known = str(_annotations(ex.claim_obj).get(RETAINED_ANNOTATION) or "")
+    records = int(known) if known.isdigit() else None
     return Decision(
-        ex.ordinal, ex.claim,
-        retained=_retained(ex, None, "its journal was never confirmed empty, so it may hold "
-                                     "unarchived records"))
+        ex.ordinal, ex.claim, ReplicaState.RETAINED,
+        "claim kept without a pod; starting a draining pod so its journal answers lookups",
+        create_pod=True,
+        retained=_kept(ex, records, "its journal was never confirmed empty"))
+
+
+def needs_undrain(health: Health | None) -> bool:
+    """A replica at an ordinal below ``spec.replicas`` must serve: switch draining off."""
+    return health is not None and health.draining is True
+
+
+def retention_interval(retention_seconds: int) -> float:
+    """How often the retention is applied: a quarter of the window, within [5 s, 5 min]."""
+    return min(RETENTION_MAX_INTERVAL, max(RETENTION_MIN_INTERVAL, retention_seconds / 4))
+
+
+def retention_due(retention_seconds: int | None, last_applied: float | None, now: float) -> bool:
+    """Whether ``journal.retention`` should be applied (bulk archive) on this pass."""
+    if retention_seconds is None:
+        return False
+    if last_applied is None:
+        return True
+    return now - last_applied >= retention_interval(retention_seconds)

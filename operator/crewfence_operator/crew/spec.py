@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -11,6 +12,10 @@ from crewfence_sidecar.contract import Operation
 ALL_OPERATIONS: tuple[str, ...] = tuple(op.value for op in Operation)
 SINGLE_WRITER_MODES: frozenset[str] = frozenset({"ReadWriteOncePod", "ReadWriteOnce"})
 SHARED_MODES: frozenset[str] = frozenset({"ReadWriteMany", "ReadOnlyMany"})
+CLAIM_POLICIES: frozenset[str] = frozenset({"Retain", "Delete"})
+_DURATION = re.compile(r"^(?:[0-9]+(?:d|h|m|s))+$")
+_DURATION_PART = re.compile(r"([0-9]+)(d|h|m|s)")
+_UNIT_SECONDS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
 
 
 class SpecError(ValueError):
@@ -37,6 +42,18 @@ class StorageSpec:
     storage_class_name: str | None = None
     access_mode: str = "ReadWriteOncePod"
     existing_claim: str | None = None
+    when_scaled: str = "Retain"
+    """What happens to a drained replica's claim once its journal holds no unarchived record:
+    ``Retain`` (default) keeps it, ``Delete`` deletes it (like a StatefulSet's
+    ``persistentVolumeClaimRetentionPolicy.whenScaled``)."""
+
+
+@dataclass(frozen=True)
+class WorkerLimits:
+    """``spec.workerLimits``: setrlimit limits of each job's worker process."""
+
+    memory_mib: int | None = None
+    cpu_seconds: int | None = None
 
 
 @dataclass(frozen=True)
@@ -46,6 +63,16 @@ class JournalBounds:
     max_event_bytes: int | None = None
     max_state_bytes: int | None = None
     max_concurrency: int | None = None
+    retention_seconds: int | None = None
+    """``journal.retention``: terminal records older than this are archived on a schedule."""
+
+
+def parse_duration(text: str) -> int:
+    """Seconds in a duration such as ``30s``, ``90m``, ``12h``, ``7d`` or ``1h30m``."""
+    value = text.strip()
+    if not _DURATION.match(value):
+        raise SpecError(f"duration {text!r} is not like 30s, 90m, 12h, 7d or 1h30m")
+    return sum(int(n) * _UNIT_SECONDS[u] for n, u in _DURATION_PART.findall(value))
 
 
 @dataclass(frozen=True)
@@ -70,6 +97,7 @@ class CrewSpec:
     resources: Mapping[str, Any] = field(default_factory=dict)
     journal: JournalBounds = field(default_factory=JournalBounds)
     service_account_name: str | None = None
+    worker_limits: WorkerLimits = field(default_factory=WorkerLimits)
 
     @property
     def declarative(self) -> bool:
@@ -111,7 +139,10 @@ def parse_spec(raw: Mapping[str, Any] | None) -> CrewSpec:
         storage_class_name=st_raw.get("storageClassName"),
         access_mode=str(st_raw.get("accessMode") or "ReadWriteOncePod"),
         existing_claim=st_raw.get("existingClaim"),
+        when_scaled=str(st_raw.get("whenScaled") or "Retain"),
     )
+    if storage.when_scaled not in CLAIM_POLICIES:
+        raise SpecError(f"storage.whenScaled {storage.when_scaled} must be Retain or Delete")
     if storage.access_mode not in SINGLE_WRITER_MODES:
         raise SpecError(
             f"storage.accessMode {storage.access_mode} would share the journal; "
@@ -125,7 +156,11 @@ def parse_spec(raw: Mapping[str, Any] | None) -> CrewSpec:
         max_event_bytes=_opt_int(j_raw, "maxEventBytes"),
         max_state_bytes=_opt_int(j_raw, "maxStateBytes"),
         max_concurrency=_opt_int(j_raw, "maxConcurrency"),
+        retention_seconds=(parse_duration(str(j_raw["retention"]))
+                           if j_raw.get("retention") else None),
     )
+    if journal.retention_seconds is not None and journal.retention_seconds < 1:
+        raise SpecError("journal.retention must be at least one second")
     knowledge = tuple(
         KnowledgeSource(name=str(k.get("name") or f"source-{i}"), content=str(k["content"]))
         for i, k in enumerate(raw.get("knowledge") or [])
@@ -133,7 +168,11 @@ def parse_spec(raw: Mapping[str, Any] | None) -> CrewSpec:
     replicas = int(raw.get("replicas", 1))
     if storage.existing_claim and replicas > 1:
         raise SpecError("storage.existingClaim serves one replica only; set replicas to 0 or 1")
+    w_raw = raw.get("workerLimits") or {}
+    worker_limits = WorkerLimits(memory_mib=_opt_int(w_raw, "memoryMiB"),
+                                 cpu_seconds=_opt_int(w_raw, "cpuSeconds"))
     return CrewSpec(
+        worker_limits=worker_limits,
         replicas=replicas,
         operations=ops,
         llm=llm,

@@ -5,9 +5,25 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from enum import StrEnum
 from typing import Any
 
 from crewfence_operator import constants as c
+
+
+class ReplicaState(StrEnum):
+    """A listed replica's role, as CrewJob dispatch reads it from ``status.replicas[].state``.
+
+    Invariant: only ``Active`` replicas (ordinal below ``spec.replicas``) may be ``ready``, so
+    only they receive new jobs; ``Draining`` and ``Retained`` ones are listed because their
+    journal may hold an action that a CrewJob must find before admitting it anywhere.
+    """
+
+    ACTIVE = "Active"
+    DRAINING = "Draining"
+    """Above spec.replicas with a pod: answers lookups, refuses admissions, running jobs end."""
+    RETAINED = "Retained"
+    """Above spec.replicas, a claim that may hold records but no pod answering for it (yet)."""
 
 
 @dataclass(frozen=True)
@@ -18,6 +34,9 @@ class Health:
     journal_id: str | None
     retained_runs: int | None
     active_runs: int | None
+    draining: bool | None = None
+    """None: the sidecar did not say (a sidecar without draining mode)."""
+    unarchived_records: int | None = None
 
     @classmethod
     def from_wire(cls, body: Mapping[str, Any]) -> Health:
@@ -26,11 +45,14 @@ class Health:
             return value if isinstance(value, int) and not isinstance(value, bool) else None
 
         journal_id = body.get("journal_id")
+        draining = body.get("draining")
         return cls(
             status=str(body.get("status", "")),
             journal_id=str(journal_id) if journal_id else None,
             retained_runs=opt_int("retained_runs"),
             active_runs=opt_int("active_runs"),
+            draining=draining if isinstance(draining, bool) else None,
+            unarchived_records=opt_int("unarchived_records"),
         )
 
 
@@ -43,8 +65,12 @@ class ReplicaObservation:
     health: Health | None
     fence_reason: str | None = None
     message: str | None = None
-    serving: bool = True
-    """False for a replica being scaled down: never ready, so no new jobs go there."""
+    state: ReplicaState = ReplicaState.ACTIVE
+
+    @property
+    def serving(self) -> bool:
+        """Only an Active replica takes new jobs (a scaling-down one is never ready)."""
+        return self.state is ReplicaState.ACTIVE
 
 
 @dataclass(frozen=True)
@@ -72,11 +98,13 @@ def pod_address(pod: Mapping[str, Any] | None, port: int) -> str | None:
 
 
 def replica_status(obs: ReplicaObservation, port: int) -> dict[str, Any]:
-    healthy = obs.health is not None and obs.health.status == "ready"
+    healthy = (obs.health is not None and obs.health.status == "ready"
+               and obs.health.draining is not True)
     entry: dict[str, Any] = {
         "ordinal": obs.ordinal,
         "pod": obs.pod_name,
         "claim": obs.claim,
+        "state": obs.state.value,
         "address": pod_address(obs.pod, port),
         "journalId": obs.health.journal_id if obs.health else None,
         "ready": obs.serving and pod_is_ready(obs.pod) and healthy,
@@ -86,6 +114,8 @@ def replica_status(obs: ReplicaObservation, port: int) -> dict[str, Any]:
     if obs.health is not None:
         entry["retainedRuns"] = obs.health.retained_runs
         entry["activeRuns"] = obs.health.active_runs
+        entry["draining"] = obs.health.draining
+        entry["unarchivedRecords"] = obs.health.unarchived_records
     if obs.message:
         entry["message"] = obs.message
     return _without_nulls(entry)
@@ -165,8 +195,10 @@ def crew_status(obs: CrewObservation, now: str | None = None) -> dict[str, Any]:
                            "no foreign pod mounts a state claim", obs.generation, now)
 
     if obs.retained_claims:
+        holding = any(r.retained_runs != 0 for r in obs.retained_claims)
         retained = condition(
-            prev, c.COND_CLAIMS_RETAINED, True, "UnarchivedRecords",
+            prev, c.COND_CLAIMS_RETAINED, True,
+            "UnarchivedRecords" if holding else "RetainedBySetting",
             "; ".join(
                 f"claim {r.claim} (replica {r.ordinal}) kept: {r.reason}"
                 for r in obs.retained_claims

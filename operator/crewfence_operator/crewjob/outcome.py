@@ -6,7 +6,7 @@ which one applies and write it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any, Final
 
@@ -32,6 +32,8 @@ class Reason(StrEnum):
     TRANSPORT_FAILURE = "TransportFailure"
     INVALID_STREAM = "InvalidStream"
     JOURNAL_LOST = "JournalLost"
+    ANSWER_LOST = "AnswerLost"
+    RECORD_UNCERTAIN = "RecordUncertain"
     # known outcomes
     COMPLETED = "Completed"
     EXECUTION_FAILED = "ExecutionFailed"
@@ -49,11 +51,17 @@ class Reason(StrEnum):
     NO_ELIGIBLE_REPLICA = "NoEligibleReplica"
     SIDECAR_BUSY = "SidecarBusy"
     REPLICA_UNAVAILABLE = "ReplicaUnavailable"
+    DISPATCHED = "Dispatched"
+    REPLICA_DRAINING = "ReplicaDraining"
+    JOURNAL_FULL = "JournalFull"
+    CANCEL_PENDING = "CancelPending"
+    PREDECESSOR_UNRESOLVED = "PredecessorUnresolved"
 
 
 UNCERTAIN_REASONS: Final = frozenset({
     Reason.SIDECAR_RESTARTED, Reason.TIMEOUT, Reason.CANCEL_UNCONFIRMED,
     Reason.TRANSPORT_FAILURE, Reason.INVALID_STREAM, Reason.JOURNAL_LOST,
+    Reason.ANSWER_LOST, Reason.RECORD_UNCERTAIN,
 })
 
 # The reference's "Choose a recovery action" table, plus what each uncertain reason implies.
@@ -79,8 +87,17 @@ RECOVERY: Final[dict[str, str]] = {
                               "proved what happened. " + _RECONCILE,
     Reason.INVALID_STREAM: "The sidecar's event stream was invalid after admission; provider "
                            "effects may already exist. " + _RECONCILE,
-    Reason.JOURNAL_LOST: "The assigned replica's journal changed or lost the record, so the "
-                         "Action's evidence is gone. " + _RECONCILE,
+    Reason.JOURNAL_LOST: "The assigned replica's journal changed or lost the record, or its Crew "
+                         "or state claim was deleted, so the Action's evidence is gone. "
+                         + _RECONCILE,
+    Reason.ANSWER_LOST: "The answer to the admission request (or the event stream) was lost: "
+                        "the sidecar may have admitted the Action. The operator keeps asking "
+                        "the assigned replica with backoff and never admits it anywhere else; "
+                        "the job stays Running until the replica's record, a changed journal "
+                        "id or a deleted claim decides. " + _RECONCILE,
+    Reason.RECORD_UNCERTAIN: "The sidecar's own record marks this outcome uncertain "
+                             "(uncertain_outcome): effects may exist whatever the status says. "
+                             + _RECONCILE,
     Reason.REQUEST_CHANGED: "Request changed under the same Action ID: correct the caller; the "
                             "409 collision is protective and nothing new was run. Use a new "
                             "CrewJob name (or spec.actionId) for new work.",
@@ -137,52 +154,94 @@ def _error_code_and_message(error: dict[str, Any] | None) -> tuple[str, str]:
 
 
 RESTART_CODES: Final = frozenset({"sidecar_restarted", "sidecar_stopped"})
+TIMEOUT_CODES: Final = frozenset({"timeout"})
+
+
+def error_code(error: dict[str, Any] | None) -> str | None:
+    """The record's error ``code`` (the only field verdicts read; messages are free text)."""
+    if not isinstance(error, dict) or not error.get("code"):
+        return None
+    return str(error["code"])
 
 
 def is_timeout(error: dict[str, Any] | None) -> bool:
-    if not isinstance(error, dict):
-        return False
-    words = " ".join(str(error.get(k) or "") for k in ("code", "type", "reason")).lower()
-    return "timeout" in words or "timed_out" in words or "deadline" in words
+    """By the error code alone: a cancel whose reason mentions "deadline" is no timeout."""
+    return error_code(error) in TIMEOUT_CODES
 
 
 def verdict_from_record(record: JobRecord, *, thread_backed: bool,
                         cancel_requested: bool) -> Verdict:
     """The outcome a terminal sidecar record proves, with its honest uncertainty.
 
-    The record's ``uncertain_outcome`` is authoritative when set; the operation's traits add
-    uncertainty the record may not carry (a worker thread keeps running after a timeout or a
-    cancel).
+    Invariant (record authoritative): the record's ``uncertain_outcome`` flag decides whether
+    the verdict is uncertain, in every branch (a completed record flagged uncertain is
+    ``Succeeded`` *and* uncertain), and only the error ``code`` chooses between timeout,
+    restart and ordinary failure; nothing is inferred from free text. ``thread_backed`` only
+    picks the recovery advice.
     """
     code, message = _error_code_and_message(record.error)
+    flagged = record.uncertain_outcome
     if record.status is Status.COMPLETED:
+        if flagged:
+            return Verdict(Phase.SUCCEEDED, Reason.RECORD_UNCERTAIN,
+                           "the sidecar completed the job but its record marks the outcome "
+                           "uncertain", RECOVERY[Reason.RECORD_UNCERTAIN], uncertain=True)
         return Verdict(Phase.SUCCEEDED, Reason.COMPLETED, "the sidecar completed the job",
                        RECOVERY["completed"])
-    timed_out = is_timeout(record.error)
-    if timed_out:
-        uncertain_timeout = thread_backed or record.uncertain_outcome
-        phase = Phase.CANCELLED if record.status is Status.CANCELLED else Phase.FAILED
+    phase = Phase.CANCELLED if record.status is Status.CANCELLED else Phase.FAILED
+    if is_timeout(record.error):
         return Verdict(phase, Reason.TIMEOUT, f"the job timed out: {message}",
-                       RECOVERY[Reason.TIMEOUT] if uncertain_timeout
-                       else RECOVERY[Reason.EXECUTION_FAILED],
-                       Failure(FailureCategory.EXECUTION, code, message),
-                       uncertain=uncertain_timeout)
+                       RECOVERY[Reason.TIMEOUT] if flagged else RECOVERY[Reason.EXECUTION_FAILED],
+                       Failure(FailureCategory.EXECUTION, code, message), uncertain=flagged)
     if record.status is Status.FAILED:
-        if record.uncertain_outcome or code in RESTART_CODES:
+        if code in RESTART_CODES:
             return Verdict(Phase.FAILED, Reason.SIDECAR_RESTARTED,
-                           "the sidecar restarted while the job ran; its outcome is unknown",
+                           "the sidecar restarted while the job ran"
+                           + ("; its outcome is unknown" if flagged else ""),
                            RECOVERY[Reason.SIDECAR_RESTARTED],
+                           Failure(FailureCategory.EXECUTION, code, message), uncertain=flagged)
+        if flagged:
+            return Verdict(Phase.FAILED, Reason.RECORD_UNCERTAIN,
+                           f"the job failed and its record marks the outcome uncertain: "
+                           f"{message}", RECOVERY[Reason.RECORD_UNCERTAIN],
                            Failure(FailureCategory.EXECUTION, code, message), uncertain=True)
         return Verdict(Phase.FAILED, Reason.EXECUTION_FAILED, f"the job failed: {message}",
                        RECOVERY[Reason.EXECUTION_FAILED],
                        Failure(FailureCategory.EXECUTION, code, message))
     # cancelled
-    if thread_backed or record.uncertain_outcome:
+    if flagged:
         return Verdict(Phase.CANCELLED, Reason.CANCEL_UNCONFIRMED,
-                       "the sidecar cancelled the job's task, but its worker thread can "
-                       "continue", RECOVERY["cancel_thread"], uncertain=True)
+                       "the sidecar cancelled the job's task, but its record says the work may "
+                       "continue", RECOVERY["cancel_thread"] if thread_backed
+                       else RECOVERY[Reason.CANCEL_UNCONFIRMED], uncertain=True)
     return Verdict(Phase.CANCELLED, Reason.CANCELLED, "the sidecar cancelled the job",
                    RECOVERY["cancel_async"] if cancel_requested else RECOVERY["cancelled_other"])
+
+
+def stopped_recovery(stopped_at: str | None) -> str:
+    """The recovery advice when the sidecar's record proves the worker stopped."""
+    when = stopped_at or "the time in the record"
+    return (f"The sidecar stopped the job's worker process (its process group killed and "
+            f"reaped) at {when}: nothing of this job runs any more. Work stopped at {when}: "
+            f"reconcile external effects up to {when} (provider logs, tool effects, generated "
+            "artifacts, downstream systems) before any retry or compensation; do not submit a "
+            "replacement Action, and compensate only through a separately authorized Action.")
+
+
+def with_stop(verdict: Verdict, record: JobRecord) -> Verdict:
+    """An uncertain verdict whose record says ``work_stopped``: the advice changes from "work
+    may continue" to "work stopped at T: reconcile effects up to T"; it stays uncertain.
+
+    Invariant (stop evidence, not hope): only the record's ``work_stopped`` (written by the
+    sidecar after it reaped the worker) changes the advice; nothing is inferred otherwise.
+    """
+    if not verdict.uncertain or not record.work_stopped:
+        return verdict
+    message = verdict.message
+    if verdict.reason is Reason.CANCEL_UNCONFIRMED:
+        message = ("the sidecar cancelled the job and stopped its worker process at "
+                   f"{record.stopped_at}")
+    return replace(verdict, message=message, recovery=stopped_recovery(record.stopped_at))
 
 
 def verdict_from_rejection(category: FailureCategory, code: str, message: str,

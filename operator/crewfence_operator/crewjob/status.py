@@ -52,10 +52,17 @@ class Cancellation:
     dispatched: bool = False
     remote_stop_confirmed: bool = False
     message: str | None = None
+    work_stopped: bool = False
+    """The record says the job's worker process was killed and reaped (sidecar evidence)."""
+    stopped_at: str | None = None
 
     def to_status(self) -> dict[str, Any]:
         out: dict[str, Any] = {"requested": self.requested, "dispatched": self.dispatched,
                                "remoteStopConfirmed": self.remote_stop_confirmed}
+        if self.work_stopped:
+            out["workStopped"] = True
+            if self.stopped_at:
+                out["stoppedAt"] = self.stopped_at
         if self.message:
             out["message"] = self.message[:1024]
         return out
@@ -65,7 +72,8 @@ class Cancellation:
         raw = raw or {}
         return cls(requested=bool(raw.get("requested")), dispatched=bool(raw.get("dispatched")),
                    remote_stop_confirmed=bool(raw.get("remoteStopConfirmed")),
-                   message=raw.get("message"))
+                   message=raw.get("message"), work_stopped=bool(raw.get("workStopped")),
+                   stopped_at=raw.get("stoppedAt"))
 
 
 @dataclass

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import aiohttp
@@ -15,13 +15,19 @@ import kopf
 
 from crewfence_operator import config, kube, metrics
 from crewfence_operator import constants as c
-from crewfence_operator.crew import children
+from crewfence_operator.crew import children, tls_secrets
 from crewfence_operator.crew.fencing import ForeignMount
 from crewfence_operator.crew.identity import CrewRef
 from crewfence_operator.crew.pod import PodSettings
 from crewfence_operator.crew.probe import fetch_health
 from crewfence_operator.crew.resources import claim_for_ordinal
-from crewfence_operator.crew.scaledown import Decision, ExcessReplica, decide
+from crewfence_operator.crew.scaledown import (
+    Decision,
+    ExcessReplica,
+    decide,
+    needs_undrain,
+    retention_due,
+)
 from crewfence_operator.crew.spec import CrewSpec, SpecError, parse_spec
 from crewfence_operator.crew.status import (
     CrewObservation,
@@ -33,11 +39,18 @@ from crewfence_operator.crew.status import (
 )
 from crewfence_operator.crew.template import pod_template_hash
 from crewfence_operator.handlers import audit
+from crewfence_operator.sidecar_client import Endpoint, SidecarClient, SidecarFailure
+
+TlsFor = Callable[[int], dict[str, Any]]
+"""Endpoint TLS arguments per replica ordinal (empty when sidecar TLS is off)."""
 
 FULL_ENSURE_SECONDS = 60.0
 """How often the daemon re-checks the Secret, Service and ConfigMap without a spec change."""
-DRAIN_GRACE_SECONDS = 3.0
-"""How long a scaling-down replica is shown as not ready before it is asked and removed."""
+
+POD_INDEX = "crewfence_pods"
+"""The pod index's id: kopf passes it to every handler as the keyword argument of that name."""
+PodIndex = kopf.Index[str, dict[str, Any]]
+"""Namespace -> the pods :func:`children.pod_index_entry` keeps (see :func:`crewfence_pods`)."""
 
 _wakers: dict[str, asyncio.Event] = {}
 
@@ -52,13 +65,29 @@ def wake(key: str) -> None:
 def pod_settings(cfg: config.OperatorConfig) -> PodSettings:
     return PodSettings(default_image=cfg.sidecar_image,
                        image_pull_policy=cfg.image_pull_policy, port=cfg.sidecar_port,
-                       journal_defaults=cfg.journal_defaults)
+                       journal_defaults=cfg.journal_defaults, sidecar_tls=cfg.sidecar_tls)
+
+
+@kopf.index("", "v1", "pods", id=POD_INDEX)
+def crewfence_pods(body: kopf.Body, **_: Any) -> dict[str, dict[str, Any]] | None:
+    """The pods each Crew pass reads, kept current by the pod watch: no pod list per pass."""
+    return children.pod_index_entry(body)
+
+
+def _pod_index(kwargs: Mapping[str, Any]) -> PodIndex:
+    """kopf hands every handler its indexes as keyword arguments named after the index."""
+    index: PodIndex = kwargs[POD_INDEX]
+    return index
+
+
+def _namespace_pods(index: PodIndex, namespace: str) -> list[dict[str, Any]]:
+    return list(index.get(namespace, ()))
 
 
 @kopf.on.resume(c.GROUP, c.VERSION, c.CREW_PLURAL)
 @kopf.on.create(c.GROUP, c.VERSION, c.CREW_PLURAL)
 @kopf.on.update(c.GROUP, c.VERSION, c.CREW_PLURAL, field="spec")
-async def crew_changed(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
+async def crew_changed(body: kopf.Body, logger: kopf.Logger, **kwargs: Any) -> None:
     crew = CrewRef.from_body(body)
     try:
         spec = parse_spec(body.get("spec"))
@@ -66,7 +95,8 @@ async def crew_changed(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
         raise kopf.PermanentError(str(exc)) from exc
     try:
         snap = await asyncio.to_thread(children.ensure, crew, spec,
-                                       pod_settings(config.current()))
+                                       pod_settings(config.current()),
+                                       _namespace_pods(_pod_index(kwargs), crew.namespace))
     except children.ChildError as exc:
         logger.warning(f"Crew {crew.key} cannot be reconciled: {exc}")
     except Exception as exc:
@@ -89,7 +119,8 @@ async def replica_pod_event(body: kopf.Body, namespace: str | None, **_: Any) ->
 @dataclass
 class DaemonState:
     token: str | None = None
-    drain_since: dict[int, float] = field(default_factory=dict)
+    retention_applied: float | None = None
+    """Monotonic time the journal retention was last applied."""
     last_audit: float = 0.0
     mounts: list[ForeignMount] = field(default_factory=list)
     announced: set[str] = field(default_factory=set)
@@ -100,19 +131,21 @@ class DaemonState:
 @kopf.daemon(c.GROUP, c.VERSION, c.CREW_PLURAL, cancellation_timeout=10.0)
 async def crew_daemon(
     stopped: kopf.DaemonStopped, namespace: str | None, name: str, logger: kopf.Logger,
-    **_: Any,
+    **kwargs: Any,
 ) -> None:
     assert namespace is not None  # Crews are namespaced
     key = f"{namespace}/{name}"
     event = _wakers.setdefault(key, asyncio.Event())
     state = DaemonState()
     cfg = config.current()
+    pod_index = _pod_index(kwargs)
     try:
         async with aiohttp.ClientSession() as session:
             while not stopped:
                 event.clear()
                 try:
-                    await reconcile_once(session, state, cfg, namespace, name, logger)
+                    await reconcile_once(session, state, cfg, namespace, name, logger,
+                                         pod_index)
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:  # keep the daemon alive; the next pass retries
@@ -154,22 +187,23 @@ async def _pause(event: asyncio.Event, stopped: kopf.DaemonStopped, interval: fl
 
 async def _healths(
     session: aiohttp.ClientSession, pods: Mapping[int, Mapping[str, Any]], token: str | None,
-    cfg: config.OperatorConfig,
+    cfg: config.OperatorConfig, tls: TlsFor | None = None,
 ) -> dict[int, Health | None]:
-    async def one(pod: Mapping[str, Any]) -> Health | None:
+    async def one(ordinal: int, pod: Mapping[str, Any]) -> Health | None:
         address = pod_address(pod, cfg.sidecar_port)
         if address is None:
             return None
-        return await fetch_health(session, address, token, cfg.health_timeout)
+        return await fetch_health(session, address, token, cfg.health_timeout,
+                                  **(tls(ordinal) if tls else {}))
 
     ordinals = list(pods)
-    results = await asyncio.gather(*(one(pods[o]) for o in ordinals))
+    results = await asyncio.gather(*(one(o, pods[o]) for o in ordinals))
     return dict(zip(ordinals, results, strict=True))
 
 
 async def reconcile_once(
     session: aiohttp.ClientSession, state: DaemonState, cfg: config.OperatorConfig,
-    namespace: str, name: str, logger: kopf.Logger,
+    namespace: str, name: str, logger: kopf.Logger, pod_index: PodIndex,
 ) -> None:
     body = await asyncio.to_thread(kube.get_crew, namespace, name)
     if body is None or body["metadata"].get("deletionTimestamp"):
@@ -190,17 +224,23 @@ async def reconcile_once(
     now = time.monotonic()
     last_generation, last_time = state.full_ensure
     full = last_generation != generation or now - last_time >= FULL_ENSURE_SECONDS
+    pods = _namespace_pods(pod_index, namespace)
     try:
-        snap = await asyncio.to_thread(children.ensure, crew, spec, settings, full=full)
+        snap = await asyncio.to_thread(children.ensure, crew, spec, settings, pods, full=full)
         if full:
             state.full_ensure = (generation, now)
     except children.ChildError as exc:
         error = str(exc)
-        snap = await asyncio.to_thread(children.observe, crew, spec, settings)
+        snap = await asyncio.to_thread(children.observe, crew, spec, pods)
     if state.token is None:
         state.token = await asyncio.to_thread(
             kube.read_secret_value, namespace, c.token_secret_name(name), c.TOKEN_SECRET_KEY)
-    healths = await _healths(session, snap.pods, state.token, cfg)
+    material = await tls_secrets.client_tls(namespace, name) if cfg.sidecar_tls else None
+
+    def tls_for(ordinal: int) -> dict[str, Any]:
+        return tls_secrets.endpoint_tls(material, namespace, name, ordinal)
+
+    healths = await _healths(session, snap.pods, state.token, cfg, tls_for)
 
     ordinals = set(range(spec.replicas)) | set(snap.pods) | set(snap.claims)
     claims_by_ordinal = {o: claim_for_ordinal(crew, spec, o) for o in sorted(ordinals)}
@@ -217,9 +257,21 @@ async def reconcile_once(
 
     await _roll_one_pod(crew, spec, settings, snap, healths, fence_by_ordinal, logger)
 
-    decisions = _scale_down_decisions(spec, snap, healths, claims_by_ordinal, state, now)
+    decisions = _scale_down_decisions(spec, snap, healths, claims_by_ordinal)
+    clients = {o: _client(session, snap.pods.get(o), state.token, cfg, tls_for(o))
+               for o in snap.pods}
+    for ordinal in range(spec.replicas):
+        client = clients.get(ordinal)
+        if needs_undrain(healths.get(ordinal)) and client is not None:
+            healths[ordinal] = await _switch_draining(client, healths[ordinal], False, logger)
     for decision in decisions:
-        await _execute(crew, decision, snap, logger)
+        healths[decision.ordinal] = await _execute(
+            crew, spec, settings, decision, snap, clients.get(decision.ordinal),
+            healths.get(decision.ordinal), logger)
+    if retention_due(spec.journal.retention_seconds, state.retention_applied, now):
+        assert spec.journal.retention_seconds is not None
+        state.retention_applied = now
+        await _apply_retention(clients, healths, spec.journal.retention_seconds, logger)
 
     observations = [
         ReplicaObservation(
@@ -231,8 +283,8 @@ async def reconcile_once(
         ReplicaObservation(
             ordinal=d.ordinal, pod_name=c.pod_name(name, d.ordinal), claim=d.claim,
             pod=snap.pods.get(d.ordinal), health=healths.get(d.ordinal),
-            fence_reason=fence_by_ordinal.get(d.ordinal), message=d.draining, serving=False)
-        for d in decisions if d.draining
+            fence_reason=fence_by_ordinal.get(d.ordinal), message=d.message, state=d.state)
+        for d in decisions if d.state is not None
     ]
     obs = CrewObservation(
         generation=generation, desired_replicas=spec.replicas, replicas=observations,
@@ -241,6 +293,51 @@ async def reconcile_once(
         error=error)
     metrics.observe_fenced_replicas(crew.key, len(fence_by_ordinal))
     await _write_status(crew, previous, obs)
+
+
+def _client(session: aiohttp.ClientSession, pod: Mapping[str, Any] | None, token: str | None,
+            cfg: config.OperatorConfig,
+            tls: Mapping[str, Any] | None = None) -> SidecarClient | None:
+    address = pod_address(pod, cfg.sidecar_port)
+    if address is None or not token:
+        return None
+    return SidecarClient(session, Endpoint(address, token, **(tls or {})))
+
+
+async def _switch_draining(client: SidecarClient, health: Health | None, draining: bool,
+                           logger: kopf.Logger) -> Health | None:
+    """Ask the sidecar to drain (or serve again); the health it reports afterwards."""
+    try:
+        answer = await client.set_draining(draining)
+    except SidecarFailure as exc:
+        logger.warning(f"replica at {client.endpoint.address}: could not switch draining "
+                       f"{'on' if draining else 'off'}: {exc}")
+        return health
+    logger.info(f"replica at {client.endpoint.address}: draining "
+                f"{'on' if answer.draining else 'off'} ({answer.unarchived_records} unarchived "
+                "record(s))")
+    if health is None:
+        return None
+    return replace(health, draining=answer.draining,
+                   unarchived_records=answer.unarchived_records)
+
+
+async def _apply_retention(clients: Mapping[int, SidecarClient | None],
+                           healths: Mapping[int, Health | None], seconds: int,
+                           logger: kopf.Logger) -> None:
+    """``journal.retention``: bulk-archive terminal records older than the window, on every
+    replica that answers (active and draining alike)."""
+    for ordinal, client in sorted(clients.items()):
+        if client is None or healths.get(ordinal) is None:
+            continue
+        try:
+            result = await client.archive_older_than(seconds)
+        except SidecarFailure as exc:
+            logger.warning(f"replica {ordinal}: journal retention not applied: {exc}")
+            continue
+        if result.count:
+            logger.info(f"replica {ordinal}: journal retention archived {result.count} "
+                        "record(s)")
 
 
 async def _write_status(crew: CrewRef, previous: Mapping[str, Any],
@@ -276,33 +373,38 @@ async def _roll_one_pod(
 
 def _scale_down_decisions(
     spec: CrewSpec, snap: children.Snapshot, healths: Mapping[int, Health | None],
-    claims_by_ordinal: Mapping[int, str], state: DaemonState, now: float,
+    claims_by_ordinal: Mapping[int, str],
 ) -> list[Decision]:
     excess = sorted(o for o in set(snap.pods) | set(snap.claims) if o >= spec.replicas)
-    for ordinal in list(state.drain_since):
-        if ordinal not in excess:
-            del state.drain_since[ordinal]
-    decisions = []
-    for ordinal in excess:
-        since = state.drain_since.setdefault(ordinal, now)
-        decisions.append(decide(ExcessReplica(
-            ordinal=ordinal, claim=claims_by_ordinal[ordinal],
-            claim_obj=snap.claims.get(ordinal), pod=snap.pods.get(ordinal),
-            health=healths.get(ordinal),
-            drain_announced=now - since >= DRAIN_GRACE_SECONDS)))
-    return decisions
+    return [decide(ExcessReplica(
+        ordinal=ordinal, claim=claims_by_ordinal[ordinal], claim_obj=snap.claims.get(ordinal),
+        pod=snap.pods.get(ordinal), health=healths.get(ordinal),
+        delete_claim_when_empty=spec.storage.when_scaled == "Delete"))
+        for ordinal in excess]
 
 
-async def _execute(crew: CrewRef, d: Decision, snap: children.Snapshot,
-                   logger: kopf.Logger) -> None:
+async def _execute(
+    crew: CrewRef, spec: CrewSpec, settings: PodSettings, d: Decision, snap: children.Snapshot,
+    client: SidecarClient | None, health: Health | None, logger: kopf.Logger,
+) -> Health | None:
+    """Carry out one scale-down decision; the replica's health as it stands afterwards."""
+    if d.drain and client is not None:
+        health = await _switch_draining(client, health, True, logger)
     if d.annotate:
         await asyncio.to_thread(children.apply_claim_annotations, crew.namespace, d.claim,
                                 d.annotate)
+    if d.create_pod:
+        await asyncio.to_thread(children.create_pods, crew, spec, settings, snap, [d.ordinal])
+        if c.pod_name(crew.name, d.ordinal) in snap.created_pods:
+            logger.info(f"scale down: claim {d.claim} had no pod; created a draining one")
     pod = snap.pods.get(d.ordinal)
     if d.delete_pod and pod is not None:
-        logger.info(f"scale down: deleting pod {pod['metadata']['name']}")
+        logger.info(f"scale down: replica {d.ordinal} is drained and its journal holds no "
+                    f"unarchived record; deleting pod {pod['metadata']['name']}")
         await asyncio.to_thread(kube.delete_pod, crew.namespace, pod["metadata"]["name"],
                                 pod["metadata"].get("uid"))
     if d.delete_claim:
-        logger.info(f"scale down: deleting claim {d.claim} (its journal was empty)")
+        logger.info(f"scale down: deleting claim {d.claim} (journal held no unarchived record; "
+                    "storage.whenScaled: Delete)")
         await asyncio.to_thread(kube.delete_claim, crew.namespace, d.claim)
+    return health

@@ -1,14 +1,13 @@
-"""kopf glue for CrewJob: one async daemon per non-terminal CrewJob drives its Action.
+"""kopf glue for CrewJob: registrations, and the I/O that carries out the machine's steps.
 
-Why a daemon and not create/resume handlers: a daemon is re-spawned for every live object when
-the operator restarts, it re-attaches from ``status.eventCursor`` without kopf progress
-annotations, and it costs no API writes of its own beyond kopf's finalizer. Status is written in
-few merge patches (admission, rare progress, terminal), to keep API writes per job low.
+Every decision is made by the pure state machine in ``crewjob/machine.py`` (its docstring names
+the invariants); this module only observes (the CrewJob, its Crew, the sidecar's answers),
+writes the status patch a decision carries (before the step: so the intended assignment is in
+status before the admission leaves), and carries the step out. One async daemon per
+non-terminal CrewJob drives it; after an operator restart a new daemon starts from the status.
 
-The rules this file enforces (see docs and the reference):
-- never invent an action id or key; never retry an uncertain outcome;
-- before the first admission ask every replica whether it knows the action;
-- assignment is sticky: recorded once in ``status.assignment`` and never moved.
+Per-operator state (the HTTP session, the short Crew cache, the sidecar answers per job, which
+jobs have a daemon) lives in kopf's ``memo`` as one :class:`Runtime`, never in module globals.
 """
 
 from __future__ import annotations
@@ -17,89 +16,177 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
 
 import aiohttp
 import kopf
 from crewfence_sidecar import contract
-from crewfence_sidecar.contract import FailureCategory, JobRecord
 from kubernetes.client.exceptions import ApiException
 
+from crewfence_operator import config, kube, metrics
 from crewfence_operator import constants as c
-from crewfence_operator import kube, metrics
-from crewfence_operator.assignment import choose_ordinal
-from crewfence_operator.crewjob import outcome
-from crewfence_operator.crewjob.outcome import Phase, Reason, Verdict
-from crewfence_operator.crewjob.output import CONFIGMAP_KEY, bound_output, configmap_name
-from crewfence_operator.crewjob.replicas import Replica, journal_changed, parse_replicas
-from crewfence_operator.crewjob.spec import DeletionPolicy, JobSpec, SpecError
-from crewfence_operator.crewjob.status import (
-    Assignment,
-    Cancellation,
-    Progress,
-    StatusContext,
-    now_iso,
-    terminal_patch,
-    working_patch,
+from crewfence_operator.crewjob import machine, outcome
+from crewfence_operator.crewjob.machine import (
+    OPEN_GATE,
+    Admit,
+    Cancel,
+    CrewView,
+    Decision,
+    Finish,
+    Follow,
+    Gate,
+    Lookup_,
+    MachineSettings,
+    Memory,
+    Observation,
+    Probe,
+    Release,
+    StreamEnded,
+    Wait,
 )
+from crewfence_operator.crewjob.outcome import Phase
+from crewfence_operator.crewjob.output import CONFIGMAP_KEY
+from crewfence_operator.crewjob.replicas import Replica, parse_replicas
+from crewfence_operator.crewjob.spec import JobSpec, SpecError
+from crewfence_operator.crewjob.status import Cancellation, Progress
 from crewfence_operator.sidecar_client import (
     Endpoint,
     Lookup,
     SidecarClient,
     SidecarFailure,
-    cancel_unconfirmed,
+    Timeouts,
 )
 
 log = logging.getLogger(__name__)
+DAEMON_ID = "crewjob"
+MEMO_KEY = "crewjob_runtime"
 
 
 @dataclass(frozen=True)
 class RunnerSettings:
-    retry_seconds: float = 3.0
-    """Pause before looking again while Pending (no replica, sidecar busy, ...)."""
+    machine: MachineSettings = field(default_factory=MachineSettings)
     progress_seconds: float = 30.0
     """At most one progress write (eventCursor, progress) per this many seconds."""
-    deletion_wait_seconds: float = 30.0
-    """With deletionPolicy Cancel: how long deletion waits for the sidecar's acknowledgement."""
-    reconcile_attempts: int = 3
-    """GETs after an admission whose answer was lost, before calling the outcome uncertain."""
-    reconcile_backoff_seconds: float = 1.0
-    max_admission_failures: int = 3
-    """Non-backpressure 5xx answers (checked with GET: not admitted) before giving up."""
+    crew_cache_seconds: float = 1.0
+    """Many CrewJobs of one Crew start together: one read of the Crew and its token serves
+    them all for a moment (the machine checks replicas and journal ids again later)."""
+    idle_follow_seconds: float = 1.0
+    """A stream that closed without news is not reopened sooner than this (no spinning)."""
+    timeouts: Timeouts = field(default_factory=Timeouts)
 
 
-SETTINGS = RunnerSettings()
-DAEMON_ID = "crewjob"
+# --- the cluster side, as the driver needs it (a fake in tests) ----------------------------------
+class ClusterIO(Protocol):
+    async def read_crew(self, namespace: str, crew: str) -> tuple[Mapping[str, Any] | None,
+                                                                  str | None]: ...
 
-# --- one HTTP session per event loop ------------------------------------------------------------
-_sessions: dict[int, aiohttp.ClientSession] = {}
+    async def patch_status(self, namespace: str, name: str,
+                           patch: Mapping[str, Any]) -> Mapping[str, Any] | None: ...
+    """Merge-patch the status; the status as written (None when the API gave none back)."""
 
+    async def create_configmap(self, body: Mapping[str, Any]) -> None: ...
 
-def http_session() -> aiohttp.ClientSession:
-    loop = asyncio.get_running_loop()
-    session = _sessions.get(id(loop))
-    if session is None or session.closed:
-        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
-        session = aiohttp.ClientSession(connector=connector)
-        _sessions[id(loop)] = session
-    return session
+    async def endpoint_options(self, namespace: str, crew: str,
+                               ordinal: int) -> dict[str, Any]: ...
+    """Extra ``Endpoint`` arguments (HTTPS context and the replica name to verify)."""
 
-
-async def close_sessions() -> None:
-    for key, session in list(_sessions.items()):
-        await session.close()
-        _sessions.pop(key, None)
+    def warn(self, body: Mapping[str, Any], reason: str, message: str) -> None: ...
 
 
-# --- API writes and reads (blocking client calls, always in a thread) ---------------------------
-def _patch_status_blocking(namespace: str, name: str, status: dict[str, Any]) -> None:
-    kube.custom().patch_namespaced_custom_object_status(
-        c.GROUP, c.VERSION, namespace, c.CREWJOB_PLURAL, name, {"status": status})
+class ObjectGone(Exception):
+    """The CrewJob disappeared while we worked on it."""
 
 
-def _configmap_body(body: Mapping[str, Any], name: str, value: str) -> dict[str, Any]:
+class KubeIO:
+    """The real cluster: blocking client calls in threads, a short per-Crew cache."""
+
+    def __init__(self, cache_seconds: float = 1.0) -> None:
+        self.cache_seconds = cache_seconds
+        self._cache: dict[tuple[str, str], tuple[float, Mapping[str, Any] | None, str | None]] = {}
+        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+
+    async def read_crew(self, namespace: str, crew: str) -> tuple[Mapping[str, Any] | None,
+                                                                  str | None]:
+        key = (namespace, crew)
+        async with self._locks.setdefault(key, asyncio.Lock()):
+            cached = self._cache.get(key)
+            if cached is not None and cached[0] > time.monotonic():
+                return cached[1], cached[2]
+            obj = await asyncio.to_thread(kube.get_crew, namespace, crew)
+            token = None
+            if obj is not None:
+                token = await asyncio.to_thread(kube.read_secret_value, namespace,
+                                                c.token_secret_name(crew), c.TOKEN_SECRET_KEY)
+            self._cache[key] = (time.monotonic() + self.cache_seconds, obj, token)
+            return obj, token
+
+    async def patch_status(self, namespace: str, name: str,
+                           patch: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        try:
+            obj = await asyncio.to_thread(
+                kube.custom().patch_namespaced_custom_object_status, c.GROUP, c.VERSION,
+                namespace, c.CREWJOB_PLURAL, name, {"status": dict(patch)})
+        except ApiException as exc:
+            if exc.status == 404:
+                raise ObjectGone(name) from None
+            raise
+        return (obj or {}).get("status") if isinstance(obj, Mapping) else None
+
+    async def create_configmap(self, body: Mapping[str, Any]) -> None:
+        await asyncio.to_thread(kube.create_if_absent, dict(body))
+
+    async def endpoint_options(self, namespace: str, crew: str,
+                               ordinal: int) -> dict[str, Any]:
+        if not config.current().sidecar_tls:
+            return {}
+        from crewfence_operator.crew import tls_secrets
+
+        material = await tls_secrets.client_tls(namespace, crew)
+        return tls_secrets.endpoint_tls(material, namespace, crew, ordinal)
+
+    def warn(self, body: Mapping[str, Any], reason: str, message: str) -> None:
+        kopf.warn(body, reason=reason, message=message)  # type: ignore[arg-type]
+
+
+# --- per-operator state (kopf memo) --------------------------------------------------------------
+@dataclass
+class Runtime:
+    settings: RunnerSettings = field(default_factory=RunnerSettings)
+    io: ClusterIO = field(default_factory=KubeIO)
+    memories: dict[str, Memory] = field(default_factory=dict)
+    """The sidecar's last answers per CrewJob uid (kept across a deletion stop)."""
+    daemon_uids: set[str] = field(default_factory=set)
+    phases: dict[tuple[str, str], str] = field(default_factory=dict)
+    gate: Callable[[Mapping[str, Any]], Awaitable[Gate]] | None = None
+    """The admission gate (``spec.supersedes``): the one place it plugs in."""
+    _session: aiohttp.ClientSession | None = None
+
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, limit_per_host=0))
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+def runtime_of(memo: Any) -> Runtime:
+    rt = memo.get(MEMO_KEY) if isinstance(memo, Mapping) else getattr(memo, MEMO_KEY, None)
+    if rt is None:
+        from crewfence_operator.handlers.resolution import admission_gate  # spec.supersedes
+
+        rt = Runtime(gate=admission_gate)
+        memo[MEMO_KEY] = rt
+    return rt
+
+
+# --- the driver ----------------------------------------------------------------------------------
+def configmap_body(body: Mapping[str, Any], name: str, value: str) -> dict[str, Any]:
     meta = body["metadata"]
     return {
         "apiVersion": "v1", "kind": "ConfigMap",
@@ -116,576 +203,257 @@ def _configmap_body(body: Mapping[str, Any], name: str, value: str) -> dict[str,
     }
 
 
-# Many CrewJobs of one Crew start together; one read of the Crew and its token serves them all
-# for a moment (a replica's readiness or journal id a second old is still checked again later).
-CREW_CACHE_SECONDS = 1.0
-_crew_cache: dict[tuple[str, str], tuple[float, dict[str, Any] | None, str | None]] = {}
-_crew_locks: dict[tuple[str, str], asyncio.Lock] = {}
+def merge_status(status: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
+    """RFC 7386 merge of a status patch (what the API server does; null deletes)."""
+    out = dict(status)
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = merge_status(out[key], value)
+        else:
+            out[key] = value
+    return out
 
 
-async def read_crew_and_token(namespace: str,
-                              crew: str) -> tuple[dict[str, Any] | None, str | None]:
-    key = (namespace, crew)
-    lock = _crew_locks.setdefault(key, asyncio.Lock())
-    async with lock:
-        cached = _crew_cache.get(key)
-        if cached is not None and cached[0] > time.monotonic():
-            return cached[1], cached[2]
-        crew_obj = await asyncio.to_thread(kube.get_crew, namespace, crew)
-        token = None
-        if crew_obj is not None:
-            token = await asyncio.to_thread(kube.read_secret_value, namespace,
-                                            c.token_secret_name(crew), c.TOKEN_SECRET_KEY)
-        _crew_cache[key] = (time.monotonic() + CREW_CACHE_SECONDS, crew_obj, token)
-        return crew_obj, token
+class JobDriver:
+    """Carries out the machine's steps for one CrewJob.
 
+    The status the machine sees is the one this driver last wrote (the API server's answer to
+    the write), never an older copy from the watch: so an assignment, once written, is seen by
+    every later decision (I1 in ``crewjob/machine.py``).
+    """
 
-class ObjectGone(Exception):
-    """The CrewJob disappeared while we worked on it."""
-
-
-@dataclass
-class Attached:
-    replica: Replica
-    client: SidecarClient
-    assignment: Assignment
-    record: JobRecord
-
-
-# --- the runner ---------------------------------------------------------------------------------
-class JobRunner:
-    """Drives one CrewJob from its live kopf body until its status is terminal."""
-
-    def __init__(self, body: kopf.Body, settings: RunnerSettings = SETTINGS) -> None:
+    def __init__(self, body: Mapping[str, Any], runtime: Runtime) -> None:
         self.body = body
-        self.settings = settings
-        self.namespace = str(body["metadata"]["namespace"])
-        self.name = str(body["metadata"]["name"])
-        status = dict(body.get("status") or {})
-        self.cancellation = Cancellation.from_status(status.get("cancellation"))
-        self.progress = Progress.from_status(status.get("progress"))
-        self.cursor = int(status.get("eventCursor") or 0)
-        self.attached: Attached | None = None
-        self.spec: JobSpec | None = None
-        self.sticky_uncertain: tuple[Reason, str] | None = None
-        self._last_working: tuple[str, str, str] | None = None
+        self.rt = runtime
+        self.settings = runtime.settings
+        meta = body["metadata"]
+        self.namespace = str(meta["namespace"])
+        self.name = str(meta["name"])
+        self.uid = str(meta.get("uid") or f"{self.namespace}/{self.name}")
+        self.status: dict[str, Any] = dict(body.get("status") or {})
+        self.spec: JobSpec | SpecError = self._parse_spec()
+        memory = runtime.memories.get(self.uid)
+        if memory is None:
+            memory = Memory(cursor=int(self.status.get("eventCursor") or 0),
+                            progress=Progress.from_status(self.status.get("progress")))
+        self.memory = memory
+        self.done = False
         self._last_progress_write = time.monotonic()
-        self._written_cursor = self.cursor
-        self.finished = False
+        self._written_cursor = self.memory.cursor
 
-    # --- live views -------------------------------------------------------------------------
-    @property
-    def status(self) -> dict[str, Any]:
-        return dict(self.body.get("status") or {})
+    def _parse_spec(self) -> JobSpec | SpecError:
+        try:
+            return JobSpec.from_resource(self.namespace, self.name, self.body.get("spec") or {})
+        except SpecError as exc:
+            return exc
 
     @property
     def cancel_requested(self) -> bool:
         return bool((self.body.get("spec") or {}).get("cancel"))
 
-    def _ctx(self) -> StatusContext:
-        action_id = self.spec.action_id if self.spec else str(
-            (self.body.get("spec") or {}).get("actionId") or f"{self.namespace}/{self.name}")
-        return StatusContext(generation=int(self.body["metadata"].get("generation") or 1),
-                             action_id=action_id,
-                             previous_conditions=list(self.status.get("conditions") or []))
+    def _remember(self, memory: Memory) -> None:
+        self.memory = memory
+        self.rt.memories[self.uid] = memory
 
-    # --- writes -----------------------------------------------------------------------------
-    async def _patch(self, status: dict[str, Any]) -> None:
-        try:
-            await asyncio.to_thread(_patch_status_blocking, self.namespace, self.name, status)
-        except ApiException as exc:
-            if exc.status == 404:
-                raise ObjectGone(self.name) from None
-            raise
+    # --- observing --------------------------------------------------------------------------
+    async def observe(self, *, deleting: bool) -> Observation:
+        spec = self._parse_spec() if isinstance(self.spec, JobSpec) else self.spec
+        self.spec = spec
+        crew_view: CrewView | None = None
+        if isinstance(spec, JobSpec):
+            crew, token = await self.rt.io.read_crew(self.namespace, spec.crew)
+            if crew is not None:
+                crew_view = CrewView(tuple(parse_replicas(crew)), bool(token))
+                self._token = token
+        gate = OPEN_GATE
+        if self.rt.gate is not None and not self.status.get("assignment") and not deleting:
+            gate = await self.rt.gate(self.body)
+        return Observation(
+            namespace=self.namespace, name=self.name,
+            generation=int(self.body["metadata"].get("generation") or 1), spec=spec,
+            status=self.status, crew=crew_view, memory=self.memory, now=time.time(),
+            deleting=deleting, gate=gate, settings=self.settings.machine)
 
-    async def working(self, phase: Phase, reason: Reason, message: str,
-                      extra: Mapping[str, Any] | None = None) -> None:
-        """A Pending/Running write, skipped when nothing a reader cares about changed."""
-        key = (phase.value, reason.value, message)
-        if key == self._last_working and not extra:
-            return
-        current = self.status
-        if (not extra and current.get("phase") == phase.value
-                and current.get("reason") == reason.value and current.get("message") == message):
-            self._last_working = key
-            return
-        uncertain = self.sticky_uncertain[0].value if self.sticky_uncertain else None
-        patch = working_patch(self._ctx(), phase, reason.value, message, now=now_iso(),
-                              uncertain_reason=uncertain, extra=extra)
-        if self.sticky_uncertain:
-            patch["recovery"] = outcome.RECOVERY[self.sticky_uncertain[0]]
-        await self._patch(patch)
-        self._last_working = key
-        log.info("crewjob %s/%s: %s (%s) %s", self.namespace, self.name, phase.value,
-                 reason.value, message)
+    _token: str | None = None
 
-    async def finish(self, verdict: Verdict, record: JobRecord | None = None) -> None:
-        if self.sticky_uncertain:
-            verdict = outcome.with_uncertainty(verdict, *self.sticky_uncertain)
-        output = bound_output(record.output) if record is not None else None
-        cm_name: str | None = None
-        if output is not None:
-            cm_name = configmap_name(self.name)
-            await asyncio.to_thread(kube.create_if_absent,
-                                    _configmap_body(self.body, cm_name, output.configmap_value))
-        extra: dict[str, Any] = {"eventCursor": self.cursor, "progress": self.progress.to_status()}
-        if self.cancellation.requested:
-            extra["cancellation"] = self.cancellation.to_status()
-        if self.attached is not None:
-            extra["assignment"] = self.attached.assignment.to_status()
-        if self.spec is not None and record is None:
-            extra["requestHash"] = self.spec.request_hash()
-        if verdict.uncertain:
-            metrics.observe_uncertain_outcome(verdict.reason.value)
-            kopf.warn(self.body, reason=f"OutcomeUncertain{verdict.reason.value}",
-                      message=f"{verdict.message}. {verdict.recovery}"[:1000])
-        await self._patch(terminal_patch(self._ctx(), verdict, now=now_iso(), record=record,
-                                         output=output, configmap=cm_name, extra=extra))
-        self.finished = True
-        log.info("crewjob %s/%s: %s (%s)%s", self.namespace, self.name, verdict.phase.value,
-                 verdict.reason.value, " uncertain" if verdict.uncertain else "")
+    async def client(self, replica: Replica) -> SidecarClient:
+        assert replica.address and self._token and isinstance(self.spec, JobSpec)
+        options = await self.rt.io.endpoint_options(self.namespace, self.spec.crew,
+                                                    replica.ordinal)
+        return SidecarClient(self.rt.session(), Endpoint(replica.address, self._token,
+                                                         **options), self.settings.timeouts)
 
-    async def maybe_write_progress(self) -> None:
-        if (self.cursor != self._written_cursor
-                and time.monotonic() - self._last_progress_write >= self.settings.progress_seconds):
-            await self._patch({"eventCursor": self.cursor, "progress": self.progress.to_status()})
-            self._written_cursor = self.cursor
-            self._last_progress_write = time.monotonic()
+    # --- the loop ---------------------------------------------------------------------------
+    async def run(self, *, deleting: bool = False) -> None:
+        """Decide and carry out until the job is finished (or, deleting, released)."""
+        while not self.done:
+            decision = machine.decide(await self.observe(deleting=deleting))
+            await self.carry_out(decision)
 
-    # --- waiting ----------------------------------------------------------------------------
-    async def pause(self, seconds: float | None = None) -> None:
+    async def carry_out(self, decision: Decision) -> None:
+        self._remember(decision.memory)
+        if decision.warning is not None:
+            if decision.warning.uncertain_reason:
+                metrics.observe_uncertain_outcome(decision.warning.uncertain_reason)
+            self.rt.io.warn(self.body, decision.warning.reason, decision.warning.message)
+        step = decision.step
+        if isinstance(step, Finish) and step.output is not None and step.configmap:
+            await self.rt.io.create_configmap(
+                configmap_body(self.body, step.configmap, step.output.configmap_value))
+        if decision.patch is not None:
+            await self.write(decision.patch)
+        if isinstance(step, Finish):
+            self.done = True
+            log.info("crewjob %s/%s: %s (%s)%s", self.namespace, self.name,
+                     step.verdict.phase.value, step.verdict.reason.value,
+                     " uncertain" if step.verdict.uncertain else "")
+        elif isinstance(step, Release):
+            self.done = True
+        elif isinstance(step, Wait):
+            await self.pause(step.seconds)
+            self._remember(self.memory.fresh_round())
+        elif isinstance(step, Probe):
+            answers = await asyncio.gather(*(self._get(r) for r in step.replicas))
+            probes = dict(self.memory.probes)
+            probes.update({r.ordinal: a for r, a in zip(step.replicas, answers, strict=True)})
+            self._remember(replace(self.memory, probes=probes))
+        elif isinstance(step, Lookup_):
+            self._remember(replace(self.memory, lookup=await self._get(step.replica)))
+        elif isinstance(step, Admit):
+            await self._admit(step)
+        elif isinstance(step, Cancel):
+            await self._cancel(step)
+        elif isinstance(step, Follow):
+            await self._follow(step)
+
+    async def write(self, patch: Mapping[str, Any]) -> None:
+        written = await self.rt.io.patch_status(self.namespace, self.name, patch)
+        self.status = dict(written) if written is not None else merge_status(self.status, patch)
+        log.info("crewjob %s/%s: %s (%s) %s", self.namespace, self.name,
+                 self.status.get("phase"), self.status.get("reason"),
+                 self.status.get("message"))
+
+    async def pause(self, seconds: float) -> None:
         """Wait before looking again; returns early when spec.cancel turns true."""
-        deadline = time.monotonic() + (seconds if seconds is not None
-                                       else self.settings.retry_seconds)
+        deadline = time.monotonic() + seconds
         was_cancelled = self.cancel_requested
         while (remaining := deadline - time.monotonic()) > 0:
-            await asyncio.sleep(min(0.5, remaining))
+            await asyncio.sleep(min(0.25, remaining))
             if self.cancel_requested and not was_cancelled:
                 return
 
-    # --- cluster reads ----------------------------------------------------------------------
-    async def crew_and_token(self, crew: str) -> tuple[dict[str, Any] | None, str | None]:
-        return await read_crew_and_token(self.namespace, crew)
-
-    @staticmethod
-    def client_for(replica: Replica, token: str) -> SidecarClient:
-        assert replica.address
-        return SidecarClient(http_session(), Endpoint(replica.address, token))
-
-    # --- the whole life ---------------------------------------------------------------------
-    async def run(self) -> None:
+    # --- sidecar calls ----------------------------------------------------------------------
+    async def _get(self, replica: Replica) -> Lookup | SidecarFailure:
+        assert isinstance(self.spec, JobSpec)
         try:
-            self.spec = JobSpec.from_resource(self.namespace, self.name,
-                                              self.body.get("spec") or {})
-        except SpecError as exc:
-            await self.finish(outcome.invalid_spec(exc.code, exc.message))
-            return
-        assignment = Assignment.from_status(self.status.get("assignment"))
-        if assignment is None:
-            attached = await self.acquire()
-        else:
-            attached = await self.reattach(assignment)
-        if attached is None:
-            return
-        await self.follow(attached)
-
-    # --- before the first admission ---------------------------------------------------------
-    async def _ask(self, replica: Replica, token: str) -> Lookup | SidecarFailure | None:
-        if not replica.address:
-            return None
-        try:
-            return await self.client_for(replica, token).get_job(self.spec_.action_id)
+            return await (await self.client(replica)).get_job(self.spec.action_id)
         except SidecarFailure as exc:
             metrics.observe_sidecar_failure(exc.category.value)
             return exc
 
-    @property
-    def spec_(self) -> JobSpec:
-        assert self.spec is not None
-        return self.spec
+    async def _admit(self, step: Admit) -> None:
+        assert isinstance(self.spec, JobSpec)
+        client = await self.client(step.replica)
+        try:
+            admission = await client.start(self.spec.start_request(), self.spec.idempotency_key)
+        except SidecarFailure as exc:
+            metrics.observe_sidecar_failure(exc.category.value)
+            self._remember(replace(self.memory, admission=exc))
+            return
+        metrics.observe_admission_seconds(admission.seconds)
+        self._remember(replace(self.memory, admission=admission))
 
-    async def _attach_known(self, replica: Replica, token: str, lookup: Lookup) -> Attached | None:
-        """Attach to an Action a replica already knows (after checking the request fence)."""
-        spec = self.spec_
-        if lookup.tombstone is not None:
-            await self.finish(outcome.verdict_from_rejection(
-                FailureCategory.PERMANENT, "archived",
-                "the sidecar holds only a tombstone of this action", 410))
-            return None
-        assert lookup.record is not None
-        ours = spec.request_hash()
-        if lookup.record.request_hash != ours:
-            await self.finish(outcome.request_changed(lookup.record.request_hash, ours))
-            return None
-        journal = lookup.journal_id or replica.journal_id
-        assignment = Assignment(replica.ordinal, replica.pod, replica.claim, journal)
-        return Attached(replica, self.client_for(replica, token), assignment, lookup.record)
+    async def _cancel(self, step: Cancel) -> None:
+        assert isinstance(self.spec, JobSpec)
+        client = await self.client(step.replica)
+        try:
+            record = await client.cancel(self.spec.crew, self.spec.action_id, reason=step.reason)
+        except SidecarFailure as exc:
+            metrics.observe_sidecar_failure(exc.category.value)
+            self._remember(replace(self.memory, cancel=exc))
+            return
+        self._remember(replace(self.memory, cancel=record))
 
-    async def acquire(self) -> Attached | None:
-        """Find or admit the Action; None when the job already ended (status written)."""
-        spec = self.spec_
-        failures = 0
-        while True:
-            if self.cancel_requested:
-                self.cancellation = Cancellation(requested=True, dispatched=False,
-                                                 message="cancelled before admission")
-                await self.finish(outcome.cancelled_before_admission())
-                return None
-            crew, token = await self.crew_and_token(spec.crew)
-            if crew is None:
-                await self.working(Phase.PENDING, Reason.CREW_NOT_FOUND,
-                                   f"Crew {spec.crew!r} not found in {self.namespace}")
-                await self.pause()
-                continue
-            replicas = parse_replicas(crew)
-            if not token or not replicas:
-                await self.working(Phase.PENDING, Reason.WAITING_FOR_REPLICAS,
-                                   f"Crew {spec.crew!r} has no replicas with a token yet")
-                await self.pause()
-                continue
-            answers = await asyncio.gather(*(self._ask(r, token) for r in replicas))
-            known = [(r, a) for r, a in zip(replicas, answers, strict=True)
-                     if isinstance(a, Lookup) and a.known]
-            if known:
-                known.sort(key=lambda ra: (ra[1].record is None, ra[0].ordinal))
-                replica, lookup = known[0]
-                attached = await self._attach_known(replica, token, lookup)
-                if attached is not None:
-                    await self.record_attached(attached)
-                return attached
-            silent = [r.ordinal for r, a in zip(replicas, answers, strict=True)
-                      if not isinstance(a, Lookup)]
-            if silent:
-                await self.working(
-                    Phase.PENDING, Reason.WAITING_FOR_REPLICAS,
-                    f"replica(s) {', '.join(map(str, silent))} of Crew {spec.crew!r} cannot say "
-                    "whether they already know this action; waiting before any admission")
-                await self.pause()
-                continue
-            eligible = [r for r in replicas if r.eligible]
-            ordinal = choose_ordinal(spec.action_id, [r.ordinal for r in eligible])
-            if ordinal is None:
-                await self.working(Phase.PENDING, Reason.NO_ELIGIBLE_REPLICA,
-                                   f"no ready, unfenced replica of Crew {spec.crew!r}")
-                await self.pause()
-                continue
-            replica = next(r for r in eligible if r.ordinal == ordinal)
-            client = self.client_for(replica, token)
-            try:
-                admission = await client.start(spec.start_request(), spec.idempotency_key)
-            except SidecarFailure as exc:
-                metrics.observe_sidecar_failure(exc.category.value)
-                decided = await self._after_failed_admission(replica, token, client, exc)
-                if isinstance(decided, Attached):
-                    return decided
-                if decided is False:
-                    return None
-                if exc.http_status not in (429, 503, 507):
-                    failures += 1
-                if failures >= self.settings.max_admission_failures:
-                    await self.finish(Verdict(
-                        Phase.FAILED, Reason.REJECTED,
-                        f"the sidecar kept failing the admission ({exc}); it holds no record "
-                        "of the action", outcome.RECOVERY[Reason.REJECTED],
-                        outcome.Failure(exc.category, exc.code, exc.message)))
-                    return None
-                await self.pause()
-                continue
-            metrics.observe_admission_seconds(admission.seconds)
-            journal = admission.journal_id or replica.journal_id
-            if journal is None:
-                with contextlib.suppress(SidecarFailure):
-                    journal = str((await client.health()).get("journal_id") or "") or None
-            attached = Attached(replica, client,
-                                Assignment(replica.ordinal, replica.pod, replica.claim, journal),
-                                admission.record)
-            await self.record_attached(attached)
-            return attached
-
-    async def _after_failed_admission(self, replica: Replica, token: str, client: SidecarClient,
-                                      exc: SidecarFailure) -> Attached | bool | None:
-        """Decide after a failed POST: an Attached, False (finished), or None (wait, retry)."""
-        # (True is never returned; bool keeps the three outcomes distinct for the caller.)
-        if exc.category is FailureCategory.TRANSPORT and not exc.uncertain:
-            await self.working(Phase.PENDING, Reason.REPLICA_UNAVAILABLE,
-                               f"replica {replica.ordinal} refused the connection; "
-                               "nothing was sent")
-            return None
-        if not exc.uncertain:
-            await self.finish(outcome.verdict_from_rejection(exc.category, exc.code, exc.message,
-                                                             exc.http_status))
-            return False
-        # The request may have been admitted: look before deciding (reconciliation, not retry).
-        lookup = await self.reconcile_lookup(client)
-        if lookup is None:
-            await self.finish(outcome.uncertain(
-                Reason.TRANSPORT_FAILURE, exc.category, exc.code,
-                f"the admission on replica {replica.ordinal} may have been sent but its answer "
-                f"was lost ({exc}), and the replica could not be asked afterwards"))
-            return False
-        if lookup.known:
-            attached = await self._attach_known(replica, token, lookup)
-            if attached is None:
-                return False
-            await self.record_attached(attached)
-            return attached
-        message = f"replica {replica.ordinal} did not admit the action ({exc}); trying again"
-        if exc.http_status == 507:
-            message = f"{message}. {outcome.RECOVERY['journal_full']}"
-        await self.working(Phase.PENDING, Reason.SIDECAR_BUSY, message)
-        return None
-
-    async def reconcile_lookup(self, client: SidecarClient) -> Lookup | None:
-        for attempt in range(self.settings.reconcile_attempts):
-            try:
-                return await client.get_job(self.spec_.action_id)
-            except SidecarFailure as exc:
-                metrics.observe_sidecar_failure(exc.category.value)
-                if attempt + 1 < self.settings.reconcile_attempts:
-                    await asyncio.sleep(self.settings.reconcile_backoff_seconds * (attempt + 1))
-        return None
-
-    async def record_attached(self, attached: Attached) -> None:
-        """The one write at assignment (unless the record is already terminal)."""
-        self.attached = attached
-        record = attached.record
-        if record.terminal:
-            return  # follow() finishes at once, in a single write
-        extra = {"assignment": attached.assignment.to_status(),
-                 "requestHash": record.request_hash, "startedAt": record.created_at,
-                 "eventCursor": self.cursor, "progress": self.progress.to_status()}
-        await self.working(Phase.RUNNING, Reason.ADMITTED,
-                           f"admitted by {attached.assignment.pod or attached.replica.ordinal}",
-                           extra)
-
-    # --- after an operator restart ----------------------------------------------------------
-    async def reattach(self, assignment: Assignment) -> Attached | None:
-        """Re-attach to the recorded replica (sticky: it is never moved)."""
-        spec = self.spec_
-        while True:
-            crew, token = await self.crew_and_token(spec.crew)
-            replica = next((r for r in parse_replicas(crew or {})
-                            if r.ordinal == assignment.ordinal), None)
-            if replica is not None and journal_changed(assignment.journal_id,
-                                                       replica.journal_id):
-                await self._journal_lost(assignment, replica.journal_id)
-                return None
-            if replica is None or not token or not replica.address:
-                await self.working(Phase.RUNNING, Reason.REPLICA_UNAVAILABLE,
-                                   f"assigned replica {assignment.ordinal} is not reachable; "
-                                   "waiting (the action is never moved to another replica)")
-                await self.pause()
-                continue
-            client = self.client_for(replica, token)
-            try:
-                lookup = await client.get_job(spec.action_id)
-            except SidecarFailure as exc:
-                metrics.observe_sidecar_failure(exc.category.value)
-                await self.working(Phase.RUNNING, Reason.REPLICA_UNAVAILABLE,
-                                   f"assigned replica {assignment.ordinal} did not answer: {exc}")
-                await self.pause()
-                continue
-            if journal_changed(assignment.journal_id, lookup.journal_id):
-                await self._journal_lost(assignment, lookup.journal_id)
-                return None
-            if not lookup.known:
-                await self.finish(outcome.uncertain(
-                    Reason.JOURNAL_LOST, FailureCategory.CONNECTOR, "record_missing",
-                    f"the assigned replica {assignment.ordinal} no longer knows the action"))
-                return None
-            attached = await self._attach_known(replica, token, lookup)
-            if attached is None:
-                return None
-            self.attached = Attached(replica, client, assignment, attached.record)
-            return self.attached
-
-    async def _journal_lost(self, assignment: Assignment, current: str | None) -> None:
-        await self.finish(outcome.uncertain(
-            Reason.JOURNAL_LOST, FailureCategory.CONNECTOR, "journal_changed",
-            f"the journal of replica {assignment.ordinal} changed from "
-            f"{assignment.journal_id} to {current}; the action's record is lost"))
-
-    # --- following ----------------------------------------------------------------------------
-    async def follow(self, attached: Attached) -> None:
-        spec = self.spec_
-        record = attached.record
-        while not record.terminal:
-            if self.cancel_requested and not self.cancellation.dispatched:
-                await self.send_cancel(attached)
-            cursor_before = self.cursor
-            try:
-                await self._drain(attached)
-                lookup = await attached.client.get_job(spec.action_id)
-            except SidecarFailure as exc:
-                metrics.observe_sidecar_failure(exc.category.value)
-                # 416: our cursor lies beyond the record's events, which a journal that kept
-                # its records cannot produce.
-                if (exc.code in ("invalid_stream", "invalid_record", "invalid_response")
-                        or exc.http_status == 416):
-                    await self.finish(outcome.uncertain(
-                        Reason.INVALID_STREAM, exc.category, exc.code,
-                        f"invalid answer from the sidecar after admission: {exc.message}",
-                        phase=Phase.FAILED))
-                    return
-                refreshed = await self._refresh(attached, str(exc))
-                if refreshed is None:
-                    return
-                attached = refreshed
-                continue
-            if journal_changed(attached.assignment.journal_id, lookup.journal_id):
-                await self._journal_lost(attached.assignment, lookup.journal_id)
-                return
-            if lookup.record is None:
-                if lookup.tombstone is not None:
-                    await self.finish(outcome.verdict_from_rejection(
-                        FailureCategory.PERMANENT, "archived", "archived while followed", 410))
-                else:
-                    await self.finish(outcome.uncertain(
-                        Reason.JOURNAL_LOST, FailureCategory.CONNECTOR, "record_missing",
-                        "the assigned replica no longer knows the action"))
-                return
-            record = lookup.record
-            if not record.terminal and self.cursor == cursor_before:
-                await self.pause(1.0)  # the stream closed without news: do not spin
-        verdict = outcome.verdict_from_record(record, thread_backed=spec.thread_backed,
-                                              cancel_requested=self.cancellation.requested)
-        await self.finish(verdict, record)
-
-    async def _drain(self, attached: Attached) -> None:
-        """Read events until the stream ends or a terminal event; watch spec.cancel meanwhile."""
-        task = asyncio.create_task(self._read_stream(attached))
+    async def _follow(self, step: Follow) -> None:
+        """Read events until the stream ends; stop early when spec.cancel turns true."""
+        before = self.memory.cursor
+        task = asyncio.create_task(self._read_stream(step.replica))
+        result: StreamEnded | SidecarFailure = StreamEnded()
         try:
             while not task.done():
-                await asyncio.wait({task}, timeout=0.5)
-                if self.cancel_requested and not self.cancellation.dispatched:
-                    await self.send_cancel(attached)
-            task.result()
+                await asyncio.wait({task}, timeout=0.25)
+                if self.cancel_requested and not self.memory.cancel_confirmed:
+                    break
+            if task.done():
+                task.result()
+        except SidecarFailure as exc:
+            metrics.observe_sidecar_failure(exc.category.value)
+            result = exc
         finally:
             if not task.done():
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, SidecarFailure):
                     await task
+        if (isinstance(result, StreamEnded) and self.memory.cursor == before
+                and not self.cancel_requested):
+            await self.pause(self.settings.idle_follow_seconds)
+        self._remember(replace(self.memory, stream=result))
 
-    async def _read_stream(self, attached: Attached) -> None:
-        async for event in attached.client.follow(self.spec_.action_id, self.cursor):
-            self.cursor = event.sequence + 1
-            self.progress.events += 1
-            self.progress.last_event = event.event
+    async def _read_stream(self, replica: Replica) -> None:
+        assert isinstance(self.spec, JobSpec)
+        progress = self.memory.progress
+        client = await self.client(replica)
+        async for event in client.follow(self.spec.action_id, self.memory.cursor):
+            self._remember(replace(self.memory, cursor=event.sequence + 1))
+            progress.events += 1
+            progress.last_event = event.event
             if event.event == contract.EventName.CHUNK:
-                self.progress.chunks += 1
+                progress.chunks += 1
             if event.event in contract.TERMINAL_EVENTS:
                 return
-            await self.maybe_write_progress()
+            await self._maybe_write_progress()
 
-    async def _refresh(self, attached: Attached, why: str) -> Attached | None:
-        """The assigned replica stopped answering: wait for it (same ordinal) to come back."""
-        assignment = attached.assignment
-        await self.working(Phase.RUNNING, Reason.REPLICA_UNAVAILABLE,
-                           f"lost contact with replica {assignment.ordinal}: {why}; waiting")
-        await self.pause()
-        crew, token = await self.crew_and_token(self.spec_.crew)
-        replica = next((r for r in parse_replicas(crew or {})
-                        if r.ordinal == assignment.ordinal), None)
-        if replica is not None and journal_changed(assignment.journal_id, replica.journal_id):
-            await self._journal_lost(assignment, replica.journal_id)
-            return None
-        if replica is None or not replica.address or not token:
-            return attached
-        return Attached(replica, self.client_for(replica, token), assignment, attached.record)
-
-    async def send_cancel(self, attached: Attached) -> None:
-        """spec.cancel → the cancel route, once (never repeated: it is an invocation)."""
-        self.cancellation = Cancellation(requested=True, dispatched=True)
-        try:
-            record = await attached.client.cancel(self.spec_.crew, self.spec_.action_id,
-                                                  reason="spec.cancel set on the CrewJob")
-        except SidecarFailure as exc:
-            metrics.observe_sidecar_failure(exc.category.value)
-            failure = cancel_unconfirmed(exc)
-            self.cancellation.message = failure.message
-            self.sticky_uncertain = (Reason.CANCEL_UNCONFIRMED,
-                                     "the cancel request was not confirmed")
-            await self.working(Phase.RUNNING, Reason.CANCEL_UNCONFIRMED, failure.message,
-                               {"cancellation": self.cancellation.to_status()})
-            return
-        self.cancellation.remote_stop_confirmed = True
-        self.cancellation.message = ("the sidecar's cancel route answered success; this is not "
-                                     "proof that the provider stopped")
-        if record.terminal:
-            attached.record = record
+    async def _maybe_write_progress(self) -> None:
+        if (self.memory.cursor != self._written_cursor and time.monotonic()
+                - self._last_progress_write >= self.settings.progress_seconds):
+            await self.write({"eventCursor": self.memory.cursor,
+                              "progress": self.memory.progress.to_status()})
+            self._written_cursor = self.memory.cursor
+            self._last_progress_write = time.monotonic()
 
 
-# --- deletion ------------------------------------------------------------------------------------
-async def cancel_on_deletion(runner: JobRunner) -> None:
-    """deletionPolicy Cancel: ask the sidecar to cancel, wait (bounded) for its answer."""
-    spec, body = runner.spec, runner.body
-    if spec is None or spec.deletion_policy is DeletionPolicy.ORPHAN or runner.finished:
-        return
-    attached = runner.attached or await _attach_for_deletion(runner, spec)
-    deadline = time.monotonic() + runner.settings.deletion_wait_seconds
-    confirmed = False
-    if attached is None:
-        if Assignment.from_status(runner.status.get("assignment")) is None:
-            return  # nothing admitted as far as this operator knows
-    elif attached.record.terminal:
-        return  # it ended before the deletion: nothing to cancel
-    else:
-        confirmed = await _cancel_and_wait(attached, spec, deadline)
-    if confirmed and not spec.thread_backed:
-        return
-    _warn_deleted_uncertain(body, confirmed)
+# --- for other handlers (the resolution journaling) ---------------------------------------------
+async def read_crew_and_token(namespace: str, crew: str) -> tuple[Mapping[str, Any] | None,
+                                                                  str | None]:
+    """The Crew and its token, uncached (for handlers outside the CrewJob daemon)."""
+    return await KubeIO(cache_seconds=0.0).read_crew(namespace, crew)
 
 
-async def _cancel_and_wait(attached: Attached, spec: JobSpec, deadline: float) -> bool:
-    """True when the sidecar acknowledged the cancel and its record became terminal."""
-    confirmed = False
-    try:
-        record = await attached.client.cancel(spec.crew, spec.action_id,
-                                              reason="CrewJob deleted (deletionPolicy Cancel)")
-        confirmed = True
-        while not record.terminal and time.monotonic() < deadline:
-            await asyncio.sleep(0.5)
-            lookup = await attached.client.get_job(spec.action_id)
-            if lookup.record is None:
-                break
-            record = lookup.record
-        confirmed = record.terminal
-    except SidecarFailure as exc:
-        metrics.observe_sidecar_failure(exc.category.value)
-    return confirmed
+class JobRunner:
+    """Compatibility for ``handlers/resolution.py``: a sidecar client on a session of its own.
 
+    Prefer ``runtime_of(memo).session()`` (per-operator state lives in kopf's memo); this one
+    session per event loop is closed at operator cleanup.
+    """
 
-def _warn_deleted_uncertain(body: kopf.Body, confirmed: bool) -> None:
-    reason = Reason.CANCEL_UNCONFIRMED
-    metrics.observe_uncertain_outcome(reason.value)
-    if confirmed:
-        detail = "the sidecar cancelled the task, but its worker thread can continue"
-        advice = outcome.RECOVERY["cancel_thread"]
-    else:
-        detail = "the sidecar did not acknowledge the cancel in time"
-        advice = outcome.RECOVERY[reason]
-    kopf.warn(body, reason=f"OutcomeUncertain{reason.value}",
-              message=f"CrewJob deleted: {detail}. {advice}"[:1000])
+    _sessions: dict[int, aiohttp.ClientSession] = {}
 
+    @classmethod
+    def client_for(cls, replica: Replica, token: str) -> SidecarClient:
+        assert replica.address
+        key = id(asyncio.get_running_loop())
+        session = cls._sessions.get(key)
+        if session is None or session.closed:
+            session = cls._sessions[key] = aiohttp.ClientSession()
+        return SidecarClient(session, Endpoint(replica.address, token))
 
-async def _attach_for_deletion(runner: JobRunner, spec: JobSpec) -> Attached | None:
-    """Deleted before the runner re-attached: use the recorded (sticky) assignment."""
-    assignment = Assignment.from_status(runner.status.get("assignment"))
-    if assignment is None:
-        return None
-    crew, token = await runner.crew_and_token(spec.crew)
-    replica = next((r for r in parse_replicas(crew or {}) if r.ordinal == assignment.ordinal),
-                   None)
-    if replica is None or not replica.address or not token:
-        return None
-    client = runner.client_for(replica, token)
-    try:
-        lookup = await client.get_job(spec.action_id)
-    except SidecarFailure:
-        return None
-    if lookup.record is None:
-        return None
-    return Attached(replica, client, assignment, lookup.record)
+    @classmethod
+    async def close(cls) -> None:
+        for key, session in list(cls._sessions.items()):
+            await session.close()
+            cls._sessions.pop(key, None)
 
 
 # --- kopf registration -----------------------------------------------------------------------
@@ -694,25 +462,30 @@ def is_live(status: Mapping[str, Any] | None, **_: Any) -> bool:
     return (status or {}).get("phase") not in {p.value for p in outcome.TERMINAL_PHASES}
 
 
-# uids of CrewJobs with a daemon in this process (kept after a deletion stop, until the
-# deletion handler has seen it).
-_daemon_uids: set[str] = set()
-
-
 async def _wait_stopped(stopped: kopf.DaemonStopped) -> None:
     await stopped.wait()
 
 
+async def drive_deletion(driver: JobDriver) -> None:
+    """The CrewJob is being deleted: the machine decides what the sidecar must hear (bounded by
+    ``MachineSettings.deletion_wait_seconds``), then the finalizer goes."""
+    driver.done = False
+    with contextlib.suppress(ObjectGone):
+        await driver.run(deleting=True)
+    driver.rt.memories.pop(driver.uid, None)
+
+
 # No forced cancellation: the daemon exits by itself (at once when the operator stops; after a
-# bounded cancel wait when the CrewJob is deleted), and kopf re-checks every second.
+# bounded deletion step when the CrewJob is deleted), and kopf re-checks every second.
 @kopf.daemon(c.GROUP, c.VERSION, c.CREWJOB_PLURAL, id=DAEMON_ID, when=is_live,
              cancellation_polling=1.0)
-async def crewjob_daemon(stopped: kopf.DaemonStopped, body: kopf.Body, **_: Any) -> None:
-    uid = str(body["metadata"]["uid"])
-    _daemon_uids.add(uid)  # the deletion handler leaves a deletion to this daemon
+async def crewjob_daemon(stopped: kopf.DaemonStopped, body: kopf.Body, memo: kopf.Memo,
+                         **_: Any) -> None:
+    rt = runtime_of(memo)
+    driver = JobDriver(body, rt)
+    rt.daemon_uids.add(driver.uid)  # the deletion handler leaves a deletion to this daemon
     deleted = False
-    runner = JobRunner(body)
-    work = asyncio.create_task(runner.run(), name=f"crewjob {runner.namespace}/{runner.name}")
+    work = asyncio.create_task(driver.run(), name=f"crewjob {driver.namespace}/{driver.name}")
     stop = asyncio.create_task(_wait_stopped(stopped))
     try:
         await asyncio.wait({work, stop}, return_when=asyncio.FIRST_COMPLETED)
@@ -731,13 +504,15 @@ async def crewjob_daemon(stopped: kopf.DaemonStopped, body: kopf.Body, **_: Any)
             await work
         if reason & kopf.DaemonStoppingReason.RESOURCE_DELETED:
             deleted = True
-            await cancel_on_deletion(runner)
+            await drive_deletion(driver)
     finally:
         stop.cancel()
         if not work.done():
             work.cancel()
         if not deleted:
-            _daemon_uids.discard(uid)
+            rt.daemon_uids.discard(driver.uid)
+        if driver.done:
+            rt.memories.pop(driver.uid, None)
 
 
 # kopf starts no daemon for an object that is already being deleted, so a CrewJob deleted
@@ -745,30 +520,23 @@ async def crewjob_daemon(stopped: kopf.DaemonStopped, body: kopf.Body, **_: Any)
 # deletionPolicy Cancel promises. This handler covers exactly that case; when a daemon of this
 # process runs for the CrewJob, kopf stops it on deletion and the daemon does the cancel.
 @kopf.on.delete(c.GROUP, c.VERSION, c.CREWJOB_PLURAL, id="crewjob-deletion", when=is_live)
-async def crewjob_deleted(body: kopf.Body, **_: Any) -> None:
+async def crewjob_deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    rt = runtime_of(memo)
     uid = str(body["metadata"]["uid"])
-    if uid in _daemon_uids:
-        _daemon_uids.discard(uid)
+    if uid in rt.daemon_uids:
+        rt.daemon_uids.discard(uid)
         return
-    runner = JobRunner(body)
-    try:
-        runner.spec = JobSpec.from_resource(runner.namespace, runner.name,
-                                            body.get("spec") or {})
-    except SpecError:
-        return  # never admitted: nothing to cancel
-    await cancel_on_deletion(runner)
-
-
-# The phase gauge, kept from the watch stream itself (no API calls, no writes).
-_phases: dict[tuple[str, str], str] = {}
+    await drive_deletion(JobDriver(body, rt))
 
 
 @kopf.on.event(c.GROUP, c.VERSION, c.CREWJOB_PLURAL, id="crewjob-phases")
-async def crewjob_phase_tracker(event: Mapping[str, Any], **_: Any) -> None:
+async def crewjob_phase_tracker(event: Mapping[str, Any], memo: kopf.Memo, **_: Any) -> None:
+    """The phase gauge, kept from the watch stream itself (no API calls, no writes)."""
+    phases = runtime_of(memo).phases
     obj = event.get("object") or {}
     meta = obj.get("metadata") or {}
     key = (str(meta.get("namespace")), str(meta.get("name")))
-    old = _phases.get(key)
+    old = phases.get(key)
     status = obj.get("status") or {}
     new = None if event.get("type") == "DELETED" else str(status.get("phase") or
                                                           Phase.PENDING.value)
@@ -777,9 +545,9 @@ async def crewjob_phase_tracker(event: Mapping[str, Any], **_: Any) -> None:
     if old == new:
         return
     if new is None:
-        _phases.pop(key, None)
+        phases.pop(key, None)
     else:
-        _phases[key] = new
+        phases[key] = new
     metrics.observe_crewjob_phase_change(old, new)
 
 
@@ -802,15 +570,23 @@ async def acknowledge_late_spec_change(obj: Mapping[str, Any]) -> None:
     }
     if (obj.get("spec") or {}).get("cancel") and not (status.get("cancellation") or {}).get(
             "requested"):
+        # Terminal means the sidecar's record (or a definitive refusal) decided: never while
+        # the outcome could still be learned (I2), so nothing was running to cancel.
         patch["cancellation"] = Cancellation(
             requested=True, message="the job had already ended; nothing was cancelled").to_status()
-    try:
-        await asyncio.to_thread(_patch_status_blocking, meta["namespace"], meta["name"], patch)
-    except ApiException as exc:
-        if exc.status != 404:
-            raise
+    with contextlib.suppress(ObjectGone):
+        await KubeIO().patch_status(meta["namespace"], meta["name"], patch)
+
+
+# kopf gives every object a shallow copy of the operator-wide memo: the Runtime must be in the
+# operator-wide memo before the first object is seen, so that all objects share one session,
+# one Crew cache and one view of which daemons run.
+@kopf.on.startup()
+async def crewjob_runtime(memo: kopf.Memo, **_: Any) -> None:
+    runtime_of(memo)
 
 
 @kopf.on.cleanup()
-async def crewjob_cleanup(**_: Any) -> None:
-    await close_sessions()
+async def crewjob_cleanup(memo: kopf.Memo, **_: Any) -> None:
+    await runtime_of(memo).close()
+    await JobRunner.close()

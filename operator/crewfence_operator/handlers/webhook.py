@@ -1,15 +1,26 @@
-"""Validating admission: no shared writable state.
+"""Validating admission webhook: the part of the state fence that CEL cannot decide.
 
-Rejects (1) a Crew asking for ReadWriteMany/ReadOnlyMany state, (2) a Crew naming an existing
-claim that another Crew already uses, (3) any Pod other than the operator's own replica pod
-that mounts a claim labelled ``crewfence.dev/role: state``. Only ``kopf.AdmissionError`` leaves
-these handlers (anything else would answer 500); when a check itself cannot be completed the
-request is refused with the reason, never admitted on a guess.
+The API server fences shared writable state by itself (``admission.py``: two
+ValidatingAdmissionPolicies with the Crews as params), also while the operator is down. What is
+left for this webhook needs a PersistentVolumeClaim's labels: a pod mounting a claim labelled
+``crewfence.dev/role: state`` whose Crew is gone or no longer names it, and a Crew naming such a
+claim as ``existingClaim``. ``webhooks.yaml``'s matchConditions keep every other request away
+(a pod without claims never reaches this server; see the admission request counter).
+
+Invariants kept here:
+
+- *A failed lookup never denies*: when a claim or the Crews cannot be read (throttling, RBAC of
+  a namespaced install, an API outage) the request is admitted with a logged warning; the
+  policy, the audit, the journal's flock and ReadWriteOncePod still fence. Only a claim that is
+  positively tied to a Crew is ever a reason to deny.
+- *Nothing but a decision leaves a handler*: any other exception would make kopf answer 500,
+  which the API server treats as a denial, so every unexpected error admits too.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -17,21 +28,14 @@ from typing import Any
 
 import kopf
 
-from crewfence_operator import certs, config, kube
+from crewfence_operator import admission_install, certs, config, kube, metrics
 from crewfence_operator import constants as c
 from crewfence_operator.crew.fencing import StateClaimOwner, pod_rejection, state_claim_owner
 from crewfence_operator.crew.pod import pod_claims
 from crewfence_operator.crew.spec import SHARED_MODES
 
 FORBIDDEN = 403
-
-
-def _lookup_failed(what: str, exc: BaseException) -> kopf.AdmissionError:
-    status = getattr(exc, "status", None)
-    detail = f"HTTP {status}" if status else type(exc).__name__
-    return kopf.AdmissionError(
-        f"crewfence could not verify {what} ({detail}); refusing rather than risk shared "
-        f"writable state, retry shortly", code=503)
+log = logging.getLogger(__name__)
 
 
 def crew_access_mode_problem(name: str, spec: Mapping[str, Any]) -> str | None:
@@ -69,56 +73,89 @@ def existing_claim_problem(
     return None
 
 
-async def validate_crew(
-    spec: Mapping[str, Any], name: str | None, namespace: str | None, **_: Any
-) -> None:
-    crew_name = name or ""
-    problem = crew_access_mode_problem(crew_name, spec)
+def _admit_unverified(what: str, exc: BaseException) -> None:
+    status = getattr(exc, "status", None)
+    detail = f"HTTP {status}" if status else type(exc).__name__
+    log.warning("crewfence admission: could not read %s (%s); admitted, the policy, audit, "
+                "flock and ReadWriteOncePod still fence", what, detail)
+
+
+async def _crew_problem(spec: Mapping[str, Any], name: str, namespace: str | None) -> str | None:
+    problem = crew_access_mode_problem(name, spec)
     if problem:
-        raise kopf.AdmissionError(problem, code=FORBIDDEN)
+        return problem
     claim_name = (spec.get("storage") or {}).get("existingClaim")
     if not claim_name or not namespace:
-        return
+        return None
     try:
         crews, claim = await asyncio.gather(
             asyncio.to_thread(kube.list_crews, namespace),
             asyncio.to_thread(kube.get_claim, namespace, claim_name))
     except Exception as exc:
-        raise _lookup_failed(f'who uses claim "{claim_name}"', exc) from None
-    problem = existing_claim_problem(crew_name, claim_name, claim, crews)
+        _admit_unverified(f'who uses claim "{claim_name}"', exc)
+        return None
+    return existing_claim_problem(name, claim_name, claim, crews)
+
+
+async def validate_crew(
+    spec: Mapping[str, Any], name: str | None, namespace: str | None, **_: Any
+) -> None:
+    metrics.observe_admission_request("crews")
+    try:
+        problem = await _crew_problem(spec, name or "", namespace)
+    except Exception as exc:
+        _admit_unverified("the Crew", exc)
+        return
     if problem:
         raise kopf.AdmissionError(problem, code=FORBIDDEN)
+
+
+async def _pod_problem(body: Mapping[str, Any], namespace: str | None) -> str | None:
+    claims = pod_claims(dict(body))
+    ns = namespace or (body.get("metadata") or {}).get("namespace")
+    if not claims or not ns:
+        return None
+    results = await asyncio.gather(
+        *(asyncio.to_thread(kube.get_claim, ns, claim) for claim in claims),
+        return_exceptions=True)
+    owners: list[StateClaimOwner] = []
+    for claim, result in zip(claims, results, strict=True):
+        if isinstance(result, BaseException):
+            _admit_unverified(f'claim "{claim}"', result)  # this claim: not tied to a Crew
+            continue
+        owner = state_claim_owner(result) if result is not None else None
+        if owner is not None:
+            owners.append(owner)
+    return pod_rejection(dict(body), owners)
 
 
 async def validate_pod(body: Mapping[str, Any], namespace: str | None, **_: Any) -> None:
-    claims = pod_claims(dict(body))
-    if not claims:
-        return
-    ns = namespace or (body.get("metadata") or {}).get("namespace")
-    if not ns:
-        raise kopf.AdmissionError("crewfence could not tell the pod's namespace", code=400)
+    metrics.observe_admission_request("pods")
     try:
-        objects = await asyncio.gather(
-            *(asyncio.to_thread(kube.get_claim, ns, claim) for claim in claims))
+        problem = await _pod_problem(body, namespace)
     except Exception as exc:
-        raise _lookup_failed(f"the claims {claims} of this pod", exc) from None
-    owners: list[StateClaimOwner] = [
-        owner for obj in objects if obj is not None
-        for owner in [state_claim_owner(obj)] if owner is not None
-    ]
-    problem = pod_rejection(dict(body), owners)
+        _admit_unverified("the pod's claims", exc)
+        return
     if problem:
         raise kopf.AdmissionError(problem, code=FORBIDDEN)
 
 
-def make_server(cfg: config.WebhookConfig) -> kopf.WebhookServer:
-    """kopf's own server with our certificates (mounted ones, else freshly generated)."""
-    files = certs.existing(Path(cfg.cert_dir)) if cfg.cert_dir else None
-    if files is None:
-        directory = Path(cfg.cert_dir) if cfg.cert_dir else Path(
-            tempfile.mkdtemp(prefix="crewfence-webhook-"))
-        hosts = [h for h in (cfg.host, cfg.addr, "127.0.0.1", "localhost") if h]
-        files = certs.generate(directory, hosts)
+def certificate_files(cfg: config.WebhookConfig) -> certs.CertFiles:
+    """Serving certificate: kept in a Secret by the operator (the chart's default), mounted
+    (cert-manager), or generated for this process (out of cluster). Blocking."""
+    directory = Path(cfg.cert_dir) if cfg.cert_dir else Path(
+        tempfile.mkdtemp(prefix="crewfence-webhook-"))
+    if cfg.tls_secret:
+        return admission_install.keep_certificate(cfg, directory)
+    mounted = certs.existing(directory) if cfg.cert_dir else None
+    if mounted is not None:
+        return mounted
+    hosts = [h for h in (cfg.host, cfg.addr, "127.0.0.1", "localhost") if h]
+    return certs.generate(directory, hosts)
+
+
+def make_server(cfg: config.WebhookConfig, files: certs.CertFiles) -> kopf.WebhookServer:
+    """kopf's own server with our certificates."""
     return kopf.WebhookServer(
         addr=cfg.addr, port=cfg.port, host=cfg.host, certfile=str(files.cert),
         pkeyfile=str(files.key), cadata=files.ca_bytes())
@@ -133,9 +170,23 @@ def register(registry: kopf.OperatorRegistry | None = None) -> None:
                      registry=registry)(validate_pod)
 
 
-def configure(settings: kopf.OperatorSettings, cfg: config.WebhookConfig) -> None:
-    if cfg.mode is config.WebhookMode.OFF:
+def prepare(cfg: config.OperatorConfig) -> certs.CertFiles | None:
+    """Blocking start-up work: the certificate, and out of cluster (managed mode) the same
+    policies and scoped webhook configuration the chart installs."""
+    if cfg.webhook.mode is config.WebhookMode.OFF:
+        return None
+    files = certificate_files(cfg.webhook)
+    if cfg.webhook.mode is config.WebhookMode.MANAGED:
+        admission_install.install_policies(cfg)
+        admission_install.install_webhook_configuration(cfg, files)
+    return files
+
+
+def configure(settings: kopf.OperatorSettings, cfg: config.WebhookConfig,
+              files: certs.CertFiles | None) -> None:
+    """Serve admission; kopf never manages the configuration (ours carries matchConditions and
+    a namespace selector, and failurePolicy Ignore, which kopf's managed mode cannot)."""
+    if cfg.mode is config.WebhookMode.OFF or files is None:
         return
-    settings.admission.server = make_server(cfg)
-    if cfg.mode is config.WebhookMode.MANAGED:
-        settings.admission.managed = cfg.config_name
+    settings.admission.server = make_server(cfg, files)
+    settings.admission.managed = None

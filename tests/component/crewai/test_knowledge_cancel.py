@@ -122,7 +122,7 @@ async def test_knowledge_reaches_the_agents_prompt_in_a_run(
         assert crewai_event_bus.flush(timeout=EVENT_FLUSH_S)
     finally:
         crewai_event_bus.off(KnowledgeRetrievalCompletedEvent, on_retrieved)
-    assert [t["name"] for t in output["tasks"]] == ["research", "write"]
+    assert [t["name"] for t in output["tasks_output"]] == ["research", "write"]
     assert len(retrieved) == 2 and all("turn nectar into honey" in r for r in retrieved)
     # The fixture's knowledge text is in the prompt of each task's own LLM call.
     task_prompts = [p for p in llm_prompts if "Current Task:" in p]

@@ -50,13 +50,18 @@ async def test_run_returns_tasks_with_ids_and_streams_chunks(
     output = await execute(sample_catalog, make_ctx("research", Operation.RUN, {"topic": "bees"}))
     assert _jsonable(output) == output
     assert call_count() == before + 2  # one LLM call per task
-    assert [t["name"] for t in output["tasks"]] == ["research", "write"]
-    assert all(uuid.UUID(t["id"]) for t in output["tasks"])
-    assert output["raw"] == output["tasks"][-1]["raw"]
+    # crewai's CrewOutput in JSON mode (the AIP run output), task ids added inside
+    assert {"raw", "pydantic", "json_dict", "tasks_output", "token_usage"} <= set(output)
+    assert output["pydantic"] is None and output["json_dict"] is None
+    assert {"description", "expected_output", "raw", "agent", "output_format"} <= set(
+        output["tasks_output"][0])
+    assert [t["name"] for t in output["tasks_output"]] == ["research", "write"]
+    assert all(uuid.UUID(t["id"]) for t in output["tasks_output"])
+    assert output["raw"] == output["tasks_output"][-1]["raw"]
     assert "bees" in output["raw"]
     assert output["token_usage"]["total_tokens"] > 0
     streamed = "".join(c["content"] for c in chunks.items)
-    assert output["tasks"][0]["raw"] in streamed and output["raw"] in streamed
+    assert output["tasks_output"][0]["raw"] in streamed and output["raw"] in streamed
     assert {c["agent_role"] for c in chunks.items} == {"Researcher", "Writer"}
 
 
@@ -65,7 +70,8 @@ async def test_run_is_deterministic_per_input(sample_catalog: Any, make_ctx: Mak
     again = await execute(sample_catalog, make_ctx("single", "run", {"topic": "ants"}))
     other = await execute(sample_catalog, make_ctx("single", "run", {"topic": "wasps"}))
     assert first["raw"] == again["raw"]
-    assert first["tasks"][0]["id"] != again["tasks"][0]["id"]  # a fresh crew every time
+    # a fresh crew every time
+    assert first["tasks_output"][0]["id"] != again["tasks_output"][0]["id"]
     assert other["raw"] != first["raw"]
 
 
@@ -125,14 +131,14 @@ async def test_concurrent_runs_stream_only_their_own_chunks(sample_catalog: Any)
     outputs = await asyncio.gather(*(execute(sample_catalog, ctx(t)) for t in topics))
     for topic, output in zip(topics, outputs, strict=True):
         streamed = "".join(sinks[topic])
-        assert streamed == output["tasks"][0]["raw"] + output["raw"]
+        assert streamed == output["tasks_output"][0]["raw"] + output["raw"]
         assert all(other not in streamed for other in topics if other != topic)
 
 
 async def test_run_of_a_declarative_hierarchical_crew(file_catalog: Any,
                                                       make_ctx: MakeCtx) -> None:
     output = await execute(file_catalog, make_ctx("manager", "run", {"topic": "risk"}))
-    assert [t["name"] for t in output["tasks"]] == ["analyse"]
+    assert [t["name"] for t in output["tasks_output"]] == ["analyse"]
     assert "risk" in output["raw"]
 
 
@@ -149,7 +155,7 @@ async def test_batch_run(sample_catalog: Any, make_ctx: MakeCtx) -> None:
     assert len(output["results"]) == 3
     for item, result in zip(inputs, output["results"], strict=True):
         assert item["topic"] in result["raw"]
-        assert result["tasks"][0]["name"] == "answer"
+        assert result["tasks_output"][0]["name"] == "answer"
     assert output["token_usage"]["successful_requests"] == 3
     assert not KickoffTaskOutputsSQLiteStorage().load()  # batch outputs are not replayable
 
@@ -167,17 +173,18 @@ async def test_replay_a_task_of_an_earlier_run_on_a_fresh_crew(
 ) -> None:
     run = await execute(sample_catalog, make_ctx("research", "run", {"topic": "owls"}))
     stored = KickoffTaskOutputsSQLiteStorage().load()
-    assert [row["task_id"] for row in stored] == [t["id"] for t in run["tasks"]]
-    write_id = run["tasks"][1]["id"]
+    assert [row["task_id"] for row in stored] == [t["id"] for t in run["tasks_output"]]
+    write_id = run["tasks_output"][1]["id"]
     before = call_count()
     replay = await execute(sample_catalog, make_ctx("research", "replay", {"task_id": write_id}))
     assert call_count() == before + 1  # only the replayed task ran again
     assert replay["replayed_task_id"] == write_id
     assert replay["raw"] == run["raw"]  # same stored inputs and context -> same answer
-    assert [t["raw"] for t in replay["tasks"]] == [t["raw"] for t in run["tasks"]]
+    assert [t["raw"] for t in replay["tasks_output"]] == \
+        [t["raw"] for t in run["tasks_output"]]
 
     # A replayed task gets a new id; the replay's output names it for the next replay.
-    new_id = replay["tasks"][1]["id"]
+    new_id = replay["tasks_output"][1]["id"]
     assert new_id != write_id
     other = await execute(sample_catalog, make_ctx(
         "research", "replay", {"task_id": new_id, "inputs": {"topic": "larks"}}))
@@ -295,14 +302,14 @@ async def test_memory_reset_kickoff_outputs(sample_catalog: Any, make_ctx: MakeC
     assert KickoffTaskOutputsSQLiteStorage().load()
     output = await execute(sample_catalog, make_ctx("single", "memory_reset",
                                                     {"command_type": "kickoff_outputs"}))
-    assert output == {"command_type": "kickoff_outputs", "reset": True}
+    assert output == {"status": "completed", "command_type": "kickoff_outputs"}
     assert not KickoffTaskOutputsSQLiteStorage().load()
 
 
 async def test_memory_reset_knowledge(file_catalog: Any, make_ctx: MakeCtx) -> None:
     output = await execute(file_catalog, make_ctx("research", "memory_reset",
                                                   {"command_type": "knowledge"}))
-    assert output["reset"] is True
+    assert output["status"] == "completed"
     # The next fresh crew re-embeds its sources, so queries keep working.
     again = await execute(file_catalog, make_ctx("research", "knowledge_query",
                                                  {"query": ["pods nodes"]}))
@@ -313,7 +320,7 @@ async def test_memory_reset_all(file_catalog: Any, make_ctx: MakeCtx) -> None:
     await execute(file_catalog, make_ctx("research", "run", {"topic": "all"}))
     output = await execute(file_catalog, make_ctx("research", "memory_reset",
                                                   {"command_type": "all"}))
-    assert output["reset"] is True
+    assert output["status"] == "completed"
     assert not KickoffTaskOutputsSQLiteStorage().load()
 
 

@@ -20,6 +20,7 @@ os.environ.update({"CREWAI_DISABLE_TELEMETRY": "true", "CREWAI_TRACING_ENABLED":
 sys.path.insert(0, str(Path(__file__).parent))
 
 from sidecar_helpers import ALL_OPS, TOKEN, write_crews
+from worker_support import make_worker_client, worker_template  # noqa: F401 - fixtures
 
 
 @pytest.fixture(scope="session")

@@ -50,12 +50,12 @@ async def test_admission_codes_and_exact_repeat(make_client: Any) -> None:
     assert rec["status"] == "running" and rec["event_count"] >= 1
     done = await _wait_terminal(c, "ns/job-1")
     assert done["status"] == "completed"
-    assert done["output"]["tasks"][0]["id"]
+    assert done["output"]["tasks_output"][0]["id"]
 
     calls = llm_calls()
     repeat = await c.post("/jobs", json=body, headers=headers("k1"))
     assert repeat.status == 200 and repeat.headers["X-Crewfence-Exact-Repeat"] == "true"
-    assert (await repeat.json()) == done
+    assert (await repeat.json()) == done["output"]  # blocking: the output itself
     assert llm_calls() == calls  # nothing scheduled
     metrics = await (await c.get("/metrics")).text()
     assert metric_value(metrics, "crewfence_sidecar_exact_repeats_total") == 1
@@ -69,12 +69,14 @@ async def test_admission_codes_and_exact_repeat(make_client: Any) -> None:
     assert llm_calls() == calls
 
 
-async def test_blocking_run_returns_the_completed_record(make_client: Any) -> None:
+async def test_blocking_run_returns_the_output_itself(make_client: Any) -> None:
     c = await make_client()
     r = await c.post("/jobs", json=start_body("block-1", topic="owls"), headers=headers("b"))
     assert r.status == 200
-    rec = await r.json()
-    assert rec["status"] == "completed" and "owls" in rec["output"]["raw"]
+    output = await r.json()
+    assert "owls" in output["raw"] and "status" not in output
+    rec = await (await c.get(job_path("block-1"), headers=AUTH)).json()
+    assert rec["status"] == "completed" and rec["output"] == output
 
 
 async def test_request_errors(make_client: Any) -> None:
@@ -222,7 +224,8 @@ async def test_health_fields(make_client: Any) -> None:
     h = await (await c.get("/health")).json()
     assert h["status"] == "ready" and h["durable_journal"] is True
     assert set(h["crews"]) == {"research", "duo", "library"}
-    assert h["operations"][0] == "run" and len(h["operations"]) == 7
+    assert h["operations"] == ["batch_run", "cancel", "events", "knowledge_query",
+                               "memory_reset", "replay", "run", "status", "test", "train"]
     assert h["journal_id"] and h["active_runs"] == 0 and h["retained_runs"] == 0
     assert h["max_retained_runs"] == 10_000
 
@@ -245,10 +248,9 @@ async def test_fifty_concurrent_identical_admissions_execute_once(make_client: A
     before = llm_calls()
     responses = await asyncio.gather(*(c.post("/jobs", json=body, headers=headers("same"))
                                        for _ in range(50)))
-    records = [await r.json() for r in responses]
-    assert all(r.status == 200 for r in responses)
-    assert {rec["status"] for rec in records} == {"completed"}
-    assert len({rec["created_at"] for rec in records}) == 1
+    outputs = [await r.json() for r in responses]
+    assert all(r.status == 200 for r in responses)  # blocking 200: every one completed
+    assert len({json.dumps(out, sort_keys=True) for out in outputs}) == 1  # one run's output
     assert sum("X-Crewfence-Exact-Repeat" in r.headers for r in responses) == 49
     assert llm_calls() - before == 1  # the one-task crew called the LLM exactly once
     metrics = await (await c.get("/metrics")).text()
@@ -263,7 +265,7 @@ async def test_logs_are_json_with_ids_and_never_inputs_outputs_or_tokens(
     c = await make_client()
     r = await c.post("/jobs", json=start_body("ns/logged", topic="SECRET-INPUT-4711"),
                      headers=headers("SECRET-KEY-0815"))
-    output_raw = (await r.json())["output"]["raw"]
+    output_raw = (await r.json())["raw"]
     await c.get(job_path("x"), headers={"Authorization": "Bearer SECRET-WRONG-TOKEN"})
     lines = [JsonFormatter().format(rec) for rec in caplog.records
              if rec.name.startswith("crewfence")]

@@ -77,7 +77,7 @@ async def test_really_full_filesystem_gives_507(make_client: Any, tmp_path: Path
         # space again: the same sidecar admits again, and the earlier record is intact
         filler.unlink()
         r = await c.post("/jobs", json=start_body("after-space"), headers=headers("b"))
-        assert r.status == 200 and (await r.json())["status"] == "completed"
+        assert r.status == 200 and (await r.json())["raw"]  # blocking 200: completed output
         assert (await c.get(job_path("before-full"), headers=AUTH)).status == 200
         await c.sidecar.runtime.close()
         c.sidecar.opened.close()

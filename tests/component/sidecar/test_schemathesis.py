@@ -33,7 +33,10 @@ def test_schemathesis_run_finds_no_server_error(tmp_path: Path) -> None:
         run = subprocess.run(
             [str(st), "run", f"{proc.url}/openapi.json", "--checks", CHECKS,
              "-H", f"Authorization: {AUTH['Authorization']}", "-n", MAX_EXAMPLES,
-             "--request-timeout", "30", "--seed", "1", "--no-color"],
+             "--request-timeout", "30", "--seed", "1", "--no-color",
+             # A valid drain body would switch draining on and turn every later admission
+             # into a 503; test_draining.py covers that route's answers instead.
+             "--exclude-path", "/admin/drain"],
             capture_output=True, text=True, timeout=900,
             env={**os.environ, "SCHEMATHESIS_HOOKS": ""})
         report = run.stdout[-6000:] + run.stderr[-2000:]

@@ -24,7 +24,10 @@ class OperatorLaunch:
     liveness_port: int
     metrics_port: int
     webhook_port: int
-    webhook_mode: str = "managed"  # out of cluster: kopf registers a URL webhook configuration
+    readiness_port: int = 0
+    # Out of cluster the operator installs the chart's admission policies (the same files) and a
+    # URL webhook configuration with the chart's matchConditions and namespace selector.
+    webhook_mode: str = "managed"
     namespaces: tuple[str, ...] = ()  # empty: all namespaces
     extra_env: dict[str, str] = field(default_factory=dict)
 
@@ -36,12 +39,17 @@ class OperatorLaunch:
             liveness_port=net.free_port(),
             metrics_port=net.free_port(),
             webhook_port=net.free_port(),
+            readiness_port=net.free_port(),
             **kwargs,  # type: ignore[arg-type]
         )
 
     @property
     def liveness_url(self) -> str:
         return f"http://127.0.0.1:{self.liveness_port}/healthz"
+
+    @property
+    def readiness_url(self) -> str:
+        return f"http://127.0.0.1:{self.readiness_port}/readyz"
 
     @property
     def metrics_url(self) -> str:
@@ -65,6 +73,7 @@ def operator_env(launch: OperatorLaunch) -> dict[str, str]:
             "CREWFENCE_OPERATOR_ALL_NAMESPACES": "false" if launch.namespaces else "true",
             "CREWFENCE_OPERATOR_NAMESPACES": ",".join(launch.namespaces),
             "CREWFENCE_OPERATOR_LIVENESS_PORT": str(launch.liveness_port),
+            "CREWFENCE_OPERATOR_READINESS_PORT": str(launch.readiness_port),
             "CREWFENCE_OPERATOR_METRICS_PORT": str(launch.metrics_port),
             "CREWFENCE_OPERATOR_WEBHOOK_MODE": launch.webhook_mode,
             "CREWFENCE_OPERATOR_WEBHOOK_ADDR": "127.0.0.1",

@@ -11,6 +11,7 @@ from crewfence_operator.crew.status import (
     CrewObservation,
     Health,
     ReplicaObservation,
+    ReplicaState,
     RetainedClaim,
     crew_status,
 )
@@ -76,8 +77,14 @@ def test_spec_defaults_enums_and_bounds(crew_crd: dict[str, Any]) -> None:
     assert spec["llm"]["properties"]["apiKeySecretRef"]["required"] == ["name"]
     journal = spec["journal"]["properties"]
     assert set(journal) == {"maxRetainedRuns", "maxEventsPerRun", "maxEventBytes",
-                            "maxStateBytes", "maxConcurrency"}
-    assert all("minimum" in j and "maximum" in j for j in journal.values())
+                            "maxStateBytes", "maxConcurrency", "retention"}
+    assert all("minimum" in j and "maximum" in j for k, j in journal.items() if k != "retention")
+    assert journal["retention"]["pattern"] == "^([0-9]+(d|h|m|s))+$"
+    when_scaled = spec["storage"]["properties"]["whenScaled"]
+    assert (when_scaled["default"], when_scaled["enum"]) == ("Retain", ["Retain", "Delete"])
+    state = _schema(crew_crd)["properties"]["status"]["properties"]["replicas"]["items"][
+        "properties"]["state"]
+    assert state["enum"] == [s.value for s in ReplicaState]
 
 
 def _nullable_to_jsonschema(node: Any) -> Any:
@@ -111,7 +118,13 @@ def test_status_we_write_is_declared(crew_crd: dict[str, Any], fenced: bool) -> 
             ReplicaObservation(ordinal=1, pod_name="r-1", claim="r-state-1", pod=None,
                                health=None),
             ReplicaObservation(ordinal=2, pod_name="r-2", claim="r-state-2", pod=None,
-                               health=None, message="scaling down", serving=False),
+                               health=None, message="scaling down",
+                               state=ReplicaState.DRAINING),
+            ReplicaObservation(ordinal=3, pod_name="r-3", claim="r-state-3", pod=None,
+                               health=Health(status="ready", journal_id="j3", retained_runs=1,
+                                             active_runs=0, draining=True,
+                                             unarchived_records=1),
+                               state=ReplicaState.RETAINED),
         ],
         retained_claims=[RetainedClaim(ordinal=3, claim="r-state-3", retained_runs=None,
                                        reason="unknown")],

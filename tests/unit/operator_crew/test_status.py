@@ -8,6 +8,8 @@ from crewfence_operator.crew.status import (
     CrewObservation,
     Health,
     ReplicaObservation,
+    ReplicaState,
+    RetainedClaim,
     crew_status,
 )
 
@@ -32,7 +34,7 @@ def test_ready_replica() -> None:
     status = crew_status(_obs([ReplicaObservation(0, "r-0", "r-state-0", READY_POD, HEALTH)]),
                          now="T1")
     (entry,) = status["replicas"]
-    assert entry == {"ordinal": 0, "pod": "r-0", "claim": "r-state-0",
+    assert entry == {"ordinal": 0, "pod": "r-0", "claim": "r-state-0", "state": "Active",
                      "address": "127.0.2.1:8090", "journalId": "jid", "ready": True,
                      "fenced": False, "retainedRuns": 0, "activeRuns": 0}
     assert status["readyReplicas"] == 1 and status["observedGeneration"] == 7
@@ -76,11 +78,42 @@ def test_draining_replica_is_never_ready() -> None:
     status = crew_status(_obs([
         ReplicaObservation(0, "r-0", "r-state-0", READY_POD, HEALTH),
         ReplicaObservation(1, "r-1", "r-state-1", READY_POD, HEALTH, message="scaling down",
-                           serving=False),
+                           state=ReplicaState.DRAINING),
+        ReplicaObservation(2, "r-2", "r-state-2", None, None, state=ReplicaState.RETAINED),
     ]))
-    assert [r["ready"] for r in status["replicas"]] == [True, False]
+    assert [r["ready"] for r in status["replicas"]] == [True, False, False]
+    assert [r["state"] for r in status["replicas"]] == ["Active", "Draining", "Retained"]
     assert status["replicas"][1]["message"] == "scaling down"
+    assert status["replicas"][1]["address"] == "127.0.2.1:8090", "lookups still reach it"
     assert status["readyReplicas"] == 1
+
+
+def test_an_active_replica_whose_sidecar_drains_is_not_ready() -> None:
+    draining = Health(status="ready", journal_id="jid", retained_runs=2, active_runs=0,
+                      draining=True, unarchived_records=2)
+    status = crew_status(_obs([ReplicaObservation(0, "r-0", "r-state-0", READY_POD, draining)]))
+    (entry,) = status["replicas"]
+    assert entry["ready"] is False and entry["state"] == "Active"
+    assert entry["draining"] is True and entry["unarchivedRecords"] == 2
+
+
+def test_health_from_wire_reads_draining() -> None:
+    h = Health.from_wire({"status": "ready", "journal_id": "j", "draining": True,
+                          "unarchived_records": 4, "active_runs": 0, "retained_runs": 4})
+    assert (h.draining, h.unarchived_records) == (True, 4)
+    old = Health.from_wire({"status": "ready", "journal_id": "j"})
+    assert (old.draining, old.unarchived_records) == (None, None)
+
+
+def test_retained_claims_condition_reason() -> None:
+    def cond(records: int | None) -> dict[str, Any]:
+        obs = CrewObservation(generation=1, desired_replicas=0, replicas=[],
+                              retained_claims=[RetainedClaim(1, "r-state-1", records, "why")],
+                              previous_conditions=[])
+        return _cond(crew_status(obs), "StateClaimsRetained")
+
+    assert cond(3)["reason"] == "UnarchivedRecords" and cond(None)["reason"] == "UnarchivedRecords"
+    assert "r-state-1" in cond(3)["message"]
 
 
 def test_error_is_reported() -> None:

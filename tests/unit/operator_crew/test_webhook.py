@@ -84,8 +84,8 @@ async def test_generated_certificate_serves_tls(tmp_path: Path) -> None:
 
 def test_server_uses_mounted_certificates(tmp_path: Path) -> None:
     files = certs.generate(tmp_path, ["crewfence-webhook.crewfence-system.svc"])
-    server = webhook.make_server(WebhookConfig(mode=WebhookMode.SERVICE, addr="0.0.0.0",
-                                               cert_dir=str(tmp_path)))
+    cfg = WebhookConfig(mode=WebhookMode.SERVICE, addr="0.0.0.0", cert_dir=str(tmp_path))
+    server = webhook.make_server(cfg, webhook.certificate_files(cfg))
     assert server.certfile == str(files.cert) and server.pkeyfile == str(files.key)
     assert server.cadata == files.ca.read_bytes()
 
@@ -127,10 +127,33 @@ async def test_existing_claim_check_reads_other_crews(api: Any) -> None:
                                 namespace="team-a")
 
 
-async def test_lookup_failure_refuses_with_reason(api: Any) -> None:
+async def test_lookup_failure_admits(api: Any) -> None:
+    """A failed lookup never denies: the pod's claims cannot be tied to a Crew."""
     kube.use_api_server("http://127.0.0.1:9")  # nothing listens: the check cannot be done
     body = {"metadata": {"name": "p", "namespace": "ns"},
             "spec": {"volumes": [{"name": "v", "persistentVolumeClaim": {"claimName": "c"}}]}}
+    await webhook.validate_pod(body=body, namespace="ns")
+    await webhook.validate_crew(spec={"storage": {"existingClaim": "c"}}, name="x",
+                                namespace="ns")
+
+
+async def test_one_failed_lookup_still_denies_a_claim_tied_to_a_crew(
+    api: Any, crew_ref: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from crewfence_operator.crew.resources import state_claim
+    from crewfence_operator.crew.spec import parse_spec
+
+    claim = state_claim(crew_ref, parse_spec({"entrypoint": "m:a"}), 0)
+
+    def get_claim(namespace: str, name: str) -> dict[str, Any] | None:
+        if name == "broken":
+            raise RuntimeError("throttled")
+        return claim if name == "research-state-0" else None
+
+    monkeypatch.setattr(kube, "get_claim", get_claim)
+    body = {"metadata": {"name": "intruder", "namespace": "team-a"},
+            "spec": {"volumes": [{"name": n, "persistentVolumeClaim": {"claimName": n}}
+                                 for n in ("broken", "research-state-0")]}}
     with pytest.raises(kopf.AdmissionError) as err:
-        await webhook.validate_pod(body=body, namespace="ns")
-    assert err.value.code == 503 and "could not verify" in str(err.value)
+        await webhook.validate_pod(body=body, namespace="team-a")
+    assert err.value.code == 403 and '"research-state-0"' in str(err.value)

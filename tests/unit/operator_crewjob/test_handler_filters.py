@@ -28,3 +28,19 @@ def test_finished_job_with_a_newer_spec_is_behind() -> None:
     assert not is_terminal_and_behind(obj("Succeeded", 2, 2))
     assert not is_terminal_and_behind(obj("Running", 2, 1))  # its daemon writes it
     assert not is_terminal_and_behind(obj("Failed", 2, 1, deleting=True))
+
+
+async def test_one_runtime_per_operator_shared_by_every_objects_memo() -> None:
+    """kopf gives each object a shallow copy of the operator-wide memo: the startup handler
+    must put the Runtime there so that all objects share it (not one session per job)."""
+    import copy
+
+    import kopf
+    from crewfence_operator.handlers.crewjob import crewjob_runtime, runtime_of
+
+    memo = kopf.Memo()
+    await crewjob_runtime(memo=memo)
+    per_object = [copy.copy(memo) for _ in range(3)]
+    assert len({id(runtime_of(m)) for m in per_object}) == 1
+    assert runtime_of(per_object[0]) is runtime_of(memo)
+    assert runtime_of(memo).gate is not None  # the supersedes gate is plugged in

@@ -164,3 +164,30 @@ def test_sticky_uncertainty_survives_a_later_success() -> None:
     v = outcome.with_uncertainty(done, Reason.CANCEL_UNCONFIRMED, "cancel unconfirmed")
     assert v.phase is Phase.SUCCEEDED and v.uncertain
     assert v.reason is Reason.CANCEL_UNCONFIRMED
+
+
+def test_a_completed_record_flagged_uncertain_is_reported_uncertain() -> None:
+    v = outcome.verdict_from_record(record(Status.COMPLETED, output="x", uncertain=True),
+                                    thread_backed=True, cancel_requested=False)
+    assert (v.phase, v.reason, v.uncertain) == (Phase.SUCCEEDED, Reason.RECORD_UNCERTAIN, True)
+    assert v.recovery == outcome.RECOVERY[Reason.RECORD_UNCERTAIN]
+
+
+def test_a_cancel_whose_reason_mentions_deadline_is_no_timeout() -> None:
+    err = {"code": "cancelled", "message": "cancelled on request", "reason": "deadline passed"}
+    v = outcome.verdict_from_record(record(Status.CANCELLED, error=err), thread_backed=False,
+                                    cancel_requested=True)
+    assert (v.phase, v.reason) == (Phase.CANCELLED, Reason.CANCELLED)
+    assert not outcome.is_timeout({"type": "timeout_like", "reason": "timeout"})
+    assert outcome.is_timeout({"code": "timeout"})
+
+
+def test_the_records_flag_decides_uncertainty_not_the_operation() -> None:
+    err = {"code": "timeout", "message": "exceeded"}
+    certain = outcome.verdict_from_record(record(Status.FAILED, error=err, uncertain=False),
+                                          thread_backed=True, cancel_requested=False)
+    assert (certain.reason, certain.uncertain) == (Reason.TIMEOUT, False)
+    failed = outcome.verdict_from_record(
+        record(Status.FAILED, error={"code": "execution_error"}, uncertain=True),
+        thread_backed=False, cancel_requested=False)
+    assert (failed.reason, failed.uncertain) == (Reason.RECORD_UNCERTAIN, True)

@@ -18,10 +18,13 @@ def test_none_means_no_output() -> None:
 
 
 def test_small_output_is_complete_everywhere() -> None:
-    out = bound_output({"raw": "hi", "tasks": [{"id": "t1"}]})
+    # the AIP run output (crewAI's CrewOutput in JSON mode, task ids added)
+    run = {"raw": "hi", "pydantic": None, "json_dict": None,
+           "tasks_output": [{"id": "t1", "raw": "hi"}], "token_usage": {}}
+    out = bound_output(run)
     assert out is not None
-    text = output_text({"raw": "hi", "tasks": [{"id": "t1"}]})
-    assert json.loads(text) == {"raw": "hi", "tasks": [{"id": "t1"}]}
+    text = output_text(run)
+    assert json.loads(text) == run
     assert out.status_value == out.configmap_value == text
     assert not out.status_truncated and not out.configmap_truncated
     assert out.sha256 == hashlib.sha256(text.encode()).hexdigest()

@@ -14,7 +14,7 @@ def base(tmp_path: Path) -> dict[str, str]:
     crews = tmp_path / "crews.yaml"
     crews.write_text("crews: {}\n")
     return {"CREWFENCE_CREWS_FILE": str(crews), "CREWFENCE_STATE_FILE": str(tmp_path / "s/j.db"),
-            "CREWFENCE_TOKEN": "secret-token"}
+            "CREWFENCE_TOKEN": "secret-token", "CREWFENCE_INSECURE_PLAINTEXT": "1"}
 
 
 def test_defaults(base: dict[str, str]) -> None:

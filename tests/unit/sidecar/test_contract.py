@@ -221,7 +221,13 @@ def test_record_round_trip() -> None:
     wire = rec.to_wire()
     assert set(wire) == {"action_id", "crew_id", "operation", "request_hash", "status",
                          "event_count", "output", "error", "uncertain_outcome",
-                         "created_at", "updated_at"}
+                         "work_stopped", "stopped_at", "created_at", "updated_at"}
+    assert wire["work_stopped"] is False and wire["stopped_at"] is None
     assert c.JobRecord.from_wire(wire) == rec
+    stopped = c.JobRecord("a", "c", "run", "h", c.Status.CANCELLED, 2, "t0", "t2",
+                          error={"code": "cancelled", "work_stopped": True, "stopped_at": "t2"},
+                          uncertain_outcome=True)
+    assert (stopped.to_wire()["work_stopped"], stopped.to_wire()["stopped_at"]) == (True, "t2")
+    assert c.JobRecord.from_wire(stopped.to_wire()) == stopped
     ev = c.JobEvent("started", 0, {"x": 1})
     assert c.JobEvent.from_wire(ev.to_wire()) == ev

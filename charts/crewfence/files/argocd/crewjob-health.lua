@@ -3,11 +3,15 @@
 -- Argo CD runs this with gopher-lua (Lua 5.1): `obj` is the live object, the script returns `hs`.
 --
 -- Order matters:
---  1. an uncertain outcome is Degraded whatever else the status says: the outcome is unknown,
---     nothing will ever turn it Healthy, and a human has to reconcile it (never auto-retried);
---  2. a status the operator has not written yet, or one written for an older generation, is
+--  1. a resolved uncertain outcome (status.resolution, accepted by the operator) is settled:
+--     Happened -> Healthy (the work took effect), NotHappened and Compensated -> Suspended
+--     (settled, not a failure, and the work is not in effect: a linked successor may run it);
+--  2. an unresolved uncertain outcome is Degraded whatever else the status says: the outcome
+--     is unknown, nothing will ever turn it Healthy, and a human has to reconcile it and
+--     resolve it (never auto-retried);
+--  3. a status the operator has not written yet, or one written for an older generation, is
 --     Progressing (the spec changed, e.g. `cancel` was set, and the operator has not caught up);
---  3. otherwise the phase decides.
+--  4. otherwise the phase decides.
 local hs = {}
 
 local function condition(status, kind)
@@ -36,6 +40,25 @@ local status = obj.status
 if status == nil then
   hs.status = "Progressing"
   hs.message = "Waiting for the crewfence operator to observe this CrewJob"
+  return hs
+end
+
+if status.resolution ~= nil and status.resolution.outcome ~= nil and status.resolution.outcome ~= "" then
+  local outcome = status.resolution.outcome
+  local by = nil
+  if status.resolution.resolvedBy ~= nil then
+    by = "by " .. status.resolution.resolvedBy
+  end
+  local successor = nil
+  if status.supersededBy ~= nil and status.supersededBy.name ~= nil then
+    successor = "superseded by " .. status.supersededBy.name
+  end
+  if outcome == "Happened" then
+    hs.status = "Healthy"
+  else
+    hs.status = "Suspended"
+  end
+  hs.message = join({ "Uncertain outcome resolved " .. outcome, by, status.resolution.note, successor })
   return hs
 end
 

@@ -1,0 +1,827 @@
+"""The CrewJob reconciliation as a pure state machine: what is known -> the one next step.
+
+:func:`decide` takes an :class:`Observation` (the CrewJob's spec and status, the Crew's
+replicas including draining and retained ones, the sidecar's last answers held in
+:class:`Memory`, the time) and returns a :class:`Decision`: one :data:`Step`, the status patch it
+implies (written BEFORE the step is carried out), the memory to keep, and an optional Warning.
+``handlers/crewjob.py`` only carries steps out. Nothing here does I/O.
+
+Invariants kept here (each is checked by ``tests/unit/operator_crewjob/test_machine*.py``):
+
+I1  At most one admission of an action id across the Crew's life. The probe before the first
+    admission asks every replica the Crew lists (active, draining, retained); a replica that
+    might know and cannot answer means Wait, with a reason naming it. The intended assignment
+    (ordinal, pod, claim, journal id) is in the patch of the :class:`Admit` step, so it is in
+    status before the POST leaves; once assigned, an admission is only ever re-sent to that
+    ordinal and journal (an exact repeat the sidecar deduplicates), never to another replica,
+    except after a definitive "draining" refusal, a lookup that shows the replica does not hold
+    the action and the settle window (see :class:`MachineSettings`) having passed since the
+    assignment: then the assignment is cleared and the full probe runs again.
+I2  Never a verdict while the outcome can still be learned. A lost admission answer or an
+    unreadable stream keeps the job Running with ``OutcomeUncertain=True`` (``AnswerLost``,
+    ``InvalidStream``) and the machine keeps asking the assigned replica with capped backoff.
+    Only the sidecar's record, a changed journal id, or the Crew/claim being gone ends it.
+I3  Cancel and deletion (``deletionPolicy: Cancel``) reach the sidecar whenever the record may be
+    running: failed cancels are retried with capped backoff; a deletion with an assignment looks
+    at the intended replica (through the settle window) before letting go.
+I4  A Crew or assigned claim that is gone ends the job within ``gone_grace_seconds`` as
+    ``Failed``, uncertain, ``JournalLost``, with the recovery text.
+I5  Every uncertain verdict carries its reason and recovery text (``outcome.RECOVERY``), and the
+    record's ``uncertain_outcome`` and error ``code`` decide verdicts
+    (``outcome.verdict_from_record``).
+
+The admission gate: :class:`Gate` is the one place where a "wait: predecessor not resolved"
+check (``spec.supersedes``) plugs in; it is consulted only before the first admission.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from crewfence_sidecar import contract
+from crewfence_sidecar.contract import FailureCategory, JobRecord
+
+from crewfence_operator.assignment import choose_ordinal
+from crewfence_operator.crewjob import outcome
+from crewfence_operator.crewjob.outcome import TERMINAL_PHASES, Phase, Reason, Verdict
+from crewfence_operator.crewjob.output import BoundedOutput, bound_output, configmap_name
+from crewfence_operator.crewjob.replicas import Replica, ReplicaState, journal_changed
+from crewfence_operator.crewjob.spec import DeletionPolicy, JobSpec, SpecError
+from crewfence_operator.crewjob.status import (
+    Assignment,
+    Cancellation,
+    Progress,
+    StatusContext,
+    terminal_patch,
+    working_patch,
+)
+from crewfence_operator.sidecar_client import Admission, Lookup, SidecarFailure
+
+DRAINING_CODE: Final = getattr(contract, "DRAINING_CODE", "draining")
+NOT_ADMITTED_STATUSES: Final = frozenset({429, 507})
+"""Answers that promise nothing was scheduled (back-pressure, journal full)."""
+
+
+# --- inputs --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class MachineSettings:
+    retry_seconds: float = 3.0
+    """Pause before looking again while Pending (no Crew, replicas not answering, ...)."""
+    backoff_base_seconds: float = 1.0
+    backoff_cap_seconds: float = 30.0
+    """Capped exponential backoff for asking the assigned replica and for retrying cancels."""
+    poll_seconds: float = 2.0
+    """Record polling interval once the event stream proved unreadable."""
+    settle_seconds: float = 30.0
+    """After the assignment was written, how long an admission POST may still land on the
+    sidecar (it persists before answering within milliseconds; the client gives up after
+    connect + read timeouts of 18 s). A lookup that finds nothing after this window proves the
+    action was never admitted there."""
+    gone_grace_seconds: float = 15.0
+    """How long a missing Crew or assigned claim is tolerated before JournalLost (a bound)."""
+    deletion_wait_seconds: float = 30.0
+    """With deletionPolicy Cancel: how long a deletion waits for the sidecar's answer."""
+
+    def backoff(self, failures: int) -> float:
+        if failures <= 0:
+            return 0.0
+        return float(min(self.backoff_cap_seconds,
+                         self.backoff_base_seconds * 2 ** min(failures - 1, 16)))
+
+
+@dataclass(frozen=True)
+class Gate:
+    """May this job be admitted at all yet? (``spec.supersedes`` plugs in here.)"""
+
+    open: bool = True
+    reason: str = Reason.PREDECESSOR_UNRESOLVED.value
+    """The Pending reason while closed."""
+    message: str = ""
+    refusal: Verdict | None = None
+    """Set when the job may never be admitted: it finishes with this verdict."""
+
+
+OPEN_GATE: Final = Gate()
+
+
+@dataclass(frozen=True)
+class CrewView:
+    """The Crew as the machine needs it: every replica that may hold a journal."""
+
+    replicas: tuple[Replica, ...]
+    has_token: bool
+
+    def replica(self, ordinal: int) -> Replica | None:
+        return next((r for r in self.replicas if r.ordinal == ordinal), None)
+
+
+ProbeAnswer = Lookup | SidecarFailure
+
+
+@dataclass(frozen=True)
+class StreamEnded:
+    """The event stream closed (a terminal event read, or the sidecar closed it)."""
+
+
+@dataclass(frozen=True)
+class Memory:
+    """The sidecar's last answers and a few clocks: per operator process (kopf memo).
+
+    Losing it (operator restart) is always safe: the machine then asks again.
+    """
+
+    probes: Mapping[int, ProbeAnswer] = field(default_factory=dict)
+    lookup: Lookup | SidecarFailure | None = None
+    """The last GET at the assigned replica, this round."""
+    admission: Admission | SidecarFailure | None = None
+    cancel: JobRecord | SidecarFailure | None = None
+    stream: StreamEnded | SidecarFailure | None = None
+    failures: int = 0
+    """Consecutive failed contacts with the assigned replica (backoff)."""
+    cancel_failures: int = 0
+    cancel_confirmed: bool = False
+    admitted: bool = False
+    """This process saw a record of the action on the assigned replica."""
+    stream_invalid: bool = False
+    gone_since: float | None = None
+    deletion_since: float | None = None
+    cursor: int = 0
+    progress: Progress = field(default_factory=Progress)
+
+    def fresh_round(self) -> Memory:
+        """After a wait: probe and lookup answers are stale."""
+        return replace(self, probes={}, lookup=None)
+
+
+@dataclass(frozen=True)
+class Observation:
+    namespace: str
+    name: str
+    generation: int
+    spec: JobSpec | SpecError
+    status: Mapping[str, Any]
+    crew: CrewView | None
+    """None when the Crew does not exist."""
+    memory: Memory
+    now: float
+    """Epoch seconds."""
+    deleting: bool = False
+    gate: Gate = OPEN_GATE
+    settings: MachineSettings = field(default_factory=MachineSettings)
+
+
+# --- steps ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Probe:
+    """GET the action on each of these replicas (before the first admission)."""
+
+    replicas: tuple[Replica, ...]
+
+
+@dataclass(frozen=True)
+class Lookup_:
+    """GET the action on the assigned replica."""
+
+    replica: Replica
+
+
+@dataclass(frozen=True)
+class Admit:
+    """POST the admission to this replica (its assignment is already in status)."""
+
+    replica: Replica
+
+
+@dataclass(frozen=True)
+class Follow:
+    """Read the event stream from ``Memory.cursor`` until it ends."""
+
+    replica: Replica
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """POST the cancel route on the assigned replica (idempotent)."""
+
+    replica: Replica
+    reason: str
+
+
+@dataclass(frozen=True)
+class Wait:
+    seconds: float
+    reason: str
+
+
+@dataclass(frozen=True)
+class Finish:
+    verdict: Verdict
+    record: JobRecord | None
+    output: BoundedOutput | None
+    configmap: str | None
+
+
+@dataclass(frozen=True)
+class Release:
+    """Deletion handled: let kopf remove the finalizer."""
+
+
+Step = Probe | Lookup_ | Admit | Follow | Cancel | Wait | Finish | Release
+
+
+@dataclass(frozen=True)
+class Warning_:
+    reason: str
+    message: str
+    uncertain_reason: str | None = None
+    """Set when this Warning is an uncertain outcome (the metric counts it)."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    step: Step
+    patch: dict[str, Any] | None
+    memory: Memory
+    warning: Warning_ | None = None
+
+
+# --- the status as the machine reads it -----------------------------------------------------------
+@dataclass(frozen=True)
+class Known:
+    phase: Phase | None
+    reason: str | None
+    message: str | None
+    uncertain: bool
+    assignment: Assignment | None
+    assigned_at: float | None
+    cancellation: Cancellation
+    started: bool
+
+    @classmethod
+    def from_status(cls, status: Mapping[str, Any]) -> Known:
+        raw_phase = status.get("phase")
+        try:
+            phase = Phase(str(raw_phase)) if raw_phase else None
+        except ValueError:
+            phase = None
+        raw_assignment = status.get("assignment") or {}
+        return cls(phase=phase, reason=status.get("reason"), message=status.get("message"),
+                   uncertain=bool(status.get("uncertainOutcome")),
+                   assignment=Assignment.from_status(raw_assignment),
+                   assigned_at=parse_time(raw_assignment.get("assignedAt")),
+                   cancellation=Cancellation.from_status(status.get("cancellation")),
+                   started=bool(status.get("startedAt")))
+
+
+def parse_time(raw: object) -> float | None:
+    if not isinstance(raw, str) or not raw:
+        return None
+    try:
+        return datetime.strptime(raw, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+    except ValueError:
+        return None
+
+
+def iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# --- the machine ---------------------------------------------------------------------------------
+class _Ctx:
+    """One decision's inputs plus the helpers that turn a verdict or a wait into a patch."""
+
+    def __init__(self, obs: Observation) -> None:
+        self.obs = obs
+        self.known = Known.from_status(obs.status)
+        self.settings = obs.settings
+        self.mem = obs.memory
+
+    @property
+    def spec(self) -> JobSpec:
+        assert isinstance(self.obs.spec, JobSpec)
+        return self.obs.spec
+
+    def _status_ctx(self) -> StatusContext:
+        action_id = (self.obs.spec.action_id if isinstance(self.obs.spec, JobSpec)
+                     else f"{self.obs.namespace}/{self.obs.name}")
+        return StatusContext(generation=self.obs.generation, action_id=action_id,
+                             previous_conditions=list(self.obs.status.get("conditions") or []))
+
+    def decision(self, step: Step, patch: dict[str, Any] | None = None,
+                 warning: Warning_ | None = None, **memory: Any) -> Decision:
+        return Decision(step, patch, replace(self.mem, **memory), warning)
+
+    # --- working (Pending/Running) ----------------------------------------------------------
+    def working(self, phase: Phase, reason: Reason | str, message: str, *,
+                uncertain: Reason | None = None, extra: Mapping[str, Any] | None = None,
+                keep_uncertain: bool = True) -> dict[str, Any] | None:
+        """A working patch, or None when a reader would see nothing new (no API write).
+
+        An uncertainty already in status stays (``keep_uncertain``) until a record decides.
+        """
+        reason = str(reason)
+        if uncertain is None and keep_uncertain and self.known.uncertain:
+            prior = self.obs.status.get("conditions") or []
+            cond = next((c for c in prior if c.get("type") == "OutcomeUncertain"), None)
+            try:
+                uncertain = Reason(str((cond or {}).get("reason") or Reason.ANSWER_LOST))
+            except ValueError:
+                uncertain = Reason.ANSWER_LOST
+        if (not extra and self.known.phase is phase and self.known.reason == reason
+                and self.known.message == message and self.known.uncertain == bool(uncertain)
+                and self.obs.generation == int(self.obs.status.get("observedGeneration") or 0)):
+            return None
+        patch = working_patch(self._status_ctx(), phase, reason, message, now=iso(self.obs.now),
+                              uncertain_reason=uncertain.value if uncertain else None,
+                              extra=extra)
+        if uncertain is not None:
+            patch["recovery"] = outcome.RECOVERY[uncertain]
+        elif self.known.uncertain:
+            patch["uncertainOutcome"] = False
+            patch["recovery"] = None
+        return patch
+
+    def wait(self, seconds: float, phase: Phase, reason: Reason | str, message: str, *,
+             uncertain: Reason | None = None, warning: Warning_ | None = None,
+             keep_uncertain: bool = True, **memory: Any) -> Decision:
+        patch = None if self.obs.deleting else self.working(
+            phase, reason, message, uncertain=uncertain, keep_uncertain=keep_uncertain)
+        return self.decision(Wait(seconds, str(reason)), patch, warning, **memory)
+
+    # --- terminal ---------------------------------------------------------------------------
+    def finish(self, verdict: Verdict, record: JobRecord | None = None,
+               assignment: Assignment | None = None) -> Decision:
+        output = bound_output(record.output) if record is not None else None
+        cm = configmap_name(self.obs.name) if output is not None else None
+        extra: dict[str, Any] = {"eventCursor": self.mem.cursor,
+                                 "progress": self.mem.progress.to_status()}
+        cancellation = self.cancellation_now()
+        if record is not None and record.work_stopped:
+            cancellation.work_stopped = True
+            cancellation.stopped_at = record.stopped_at
+        if cancellation.requested or cancellation.work_stopped:
+            extra["cancellation"] = cancellation.to_status()
+        chosen = assignment or self.known.assignment
+        if chosen is not None:
+            extra["assignment"] = self.assignment_status(chosen)
+        if isinstance(self.obs.spec, JobSpec) and record is None:
+            extra["requestHash"] = self.spec.request_hash()
+        patch = terminal_patch(self._status_ctx(), verdict, now=iso(self.obs.now), record=record,
+                               output=output, configmap=cm, extra=extra)
+        warning = None
+        if verdict.uncertain:
+            warning = Warning_(f"OutcomeUncertain{verdict.reason.value}",
+                               f"{verdict.message}. {verdict.recovery}"[:1000],
+                               verdict.reason.value)
+        return self.decision(Finish(verdict, record, output, cm), patch, warning)
+
+    def cancellation_now(self) -> Cancellation:
+        c = Cancellation.from_status(self.obs.status.get("cancellation"))
+        if isinstance(self.obs.spec, JobSpec) and self.spec.cancel:
+            c.requested = True
+        if self.mem.cancel_confirmed:
+            c.dispatched = True
+            c.remote_stop_confirmed = True
+            c.message = ("the sidecar's cancel route answered success; this is not proof that "
+                         "the provider stopped")
+        return c
+
+    def assignment_status(self, a: Assignment) -> dict[str, Any]:
+        out = a.to_status()
+        raw = self.obs.status.get("assignment") or {}
+        if raw.get("assignedAt") and Assignment.from_status(raw) == a:
+            out["assignedAt"] = raw["assignedAt"]
+        return out
+
+
+def decide(obs: Observation) -> Decision:
+    """The one next step for a CrewJob, and the status patch to write before taking it."""
+    ctx = _Ctx(obs)
+    if ctx.known.phase in TERMINAL_PHASES:
+        return ctx.decision(Release())
+    if isinstance(obs.spec, SpecError):
+        if obs.deleting:
+            return ctx.decision(Release())
+        return ctx.finish(outcome.invalid_spec(obs.spec.code, obs.spec.message))
+    if obs.deleting:
+        return _deleting(ctx)
+    if ctx.known.assignment is None:
+        return _before_admission(ctx)
+    return _assigned(ctx, ctx.known.assignment)
+
+
+# --- before the first admission ---------------------------------------------------------------
+def _before_admission(ctx: _Ctx) -> Decision:
+    """I1: nothing was ever sent (the assignment is written before any POST)."""
+    obs, spec, s = ctx.obs, ctx.spec, ctx.settings
+    if spec.cancel:
+        return ctx.finish(outcome.cancelled_before_admission())
+    if obs.gate.refusal is not None:
+        return ctx.finish(obs.gate.refusal)
+    if not obs.gate.open:
+        return ctx.wait(s.retry_seconds, Phase.PENDING, obs.gate.reason, obs.gate.message)
+    crew = obs.crew
+    if crew is None:
+        return ctx.wait(s.retry_seconds, Phase.PENDING, Reason.CREW_NOT_FOUND,
+                        f"Crew {spec.crew!r} not found in {obs.namespace}")
+    if not crew.has_token or not crew.replicas:
+        return ctx.wait(s.retry_seconds, Phase.PENDING, Reason.WAITING_FOR_REPLICAS,
+                        f"Crew {spec.crew!r} has no replicas with a token yet")
+    probes = ctx.mem.probes
+    unasked = tuple(r for r in crew.replicas if r.can_answer and r.ordinal not in probes)
+    if unasked:
+        return ctx.decision(Probe(unasked))
+    known = [(r, a) for r in crew.replicas
+             if isinstance(a := probes.get(r.ordinal), Lookup) and a.known]
+    if known:
+        known.sort(key=lambda ra: (ra[1].record is None, ra[0].ordinal))
+        return _attach_found(ctx, *known[0])
+    silent = [r for r in crew.replicas if not isinstance(probes.get(r.ordinal), Lookup)]
+    if silent:
+        names = ", ".join(_silent_label(r, probes.get(r.ordinal)) for r in silent)
+        return ctx.wait(s.retry_seconds, Phase.PENDING, Reason.WAITING_FOR_REPLICAS,
+                        f"replica(s) {names} of Crew {spec.crew!r} may hold this action's journal "
+                        "and cannot answer; waiting before any admission")
+    journals = {r.ordinal: _journal_of(r, probes.get(r.ordinal)) for r in crew.replicas}
+    eligible = [r for r in crew.replicas
+                if r.state is ReplicaState.ACTIVE and r.ready and not r.fenced and r.address
+                and journals[r.ordinal]]
+    ordinal = choose_ordinal(spec.action_id, [r.ordinal for r in eligible])
+    if ordinal is None:
+        return ctx.wait(s.retry_seconds, Phase.PENDING, Reason.NO_ELIGIBLE_REPLICA,
+                        f"no ready, unfenced, active replica of Crew {spec.crew!r} with a known "
+                        "journal id")
+    replica = next(r for r in eligible if r.ordinal == ordinal)
+    assignment = Assignment(replica.ordinal, replica.pod, replica.claim, journals[ordinal])
+    extra = {"assignment": {**assignment.to_status(), "assignedAt": iso(obs.now)},
+             "requestHash": spec.request_hash(), "eventCursor": ctx.mem.cursor,
+             "progress": ctx.mem.progress.to_status()}
+    patch = ctx.working(Phase.RUNNING, Reason.DISPATCHED,
+                        f"dispatched to replica {replica.label}", extra=extra)
+    return ctx.decision(Admit(replica), patch)
+
+
+def _silent_label(replica: Replica, answer: ProbeAnswer | None) -> str:
+    if isinstance(answer, SidecarFailure):
+        return f"{replica.label}: {answer.category.value}/{answer.code}"
+    return f"{replica.label}: no address"
+
+
+def _journal_of(replica: Replica, answer: ProbeAnswer | None) -> str | None:
+    if isinstance(answer, Lookup) and answer.journal_id:
+        return answer.journal_id
+    return replica.journal_id
+
+
+def _attach_found(ctx: _Ctx, replica: Replica, lookup: Lookup) -> Decision:
+    """A replica already knows the action (an exact repeat after delete + re-apply, or a
+    restart): attach to it; never admit anywhere."""
+    spec = ctx.spec
+    assignment = Assignment(replica.ordinal, replica.pod, replica.claim,
+                            _journal_of(replica, lookup))
+    if lookup.record is None:
+        return ctx.finish(_archived(lookup), None, assignment)
+    record = lookup.record
+    if record.request_hash != spec.request_hash():
+        return ctx.finish(outcome.request_changed(record.request_hash, spec.request_hash()),
+                          None, assignment)
+    if record.terminal:
+        return ctx.finish(_record_verdict(ctx, record), record, assignment)
+    extra = {"assignment": {**assignment.to_status(), "assignedAt": iso(ctx.obs.now)},
+             "requestHash": record.request_hash, "startedAt": record.created_at,
+             "eventCursor": ctx.mem.cursor, "progress": ctx.mem.progress.to_status()}
+    patch = ctx.working(Phase.RUNNING, Reason.ADMITTED,
+                        f"the action is running on replica {replica.label}", extra=extra)
+    return ctx.decision(Follow(replica), patch, admitted=True, lookup=None)
+
+
+def _archived(lookup: Lookup) -> Verdict:
+    tomb = lookup.tombstone or {}
+    verdict = outcome.verdict_from_rejection(
+        FailureCategory.PERMANENT, "archived",
+        "the sidecar holds only a tombstone of this action", 410)
+    if tomb.get("uncertain_outcome"):
+        return replace(verdict, uncertain=True, reason=Reason.RECORD_UNCERTAIN,
+                       recovery=outcome.RECOVERY[Reason.RECORD_UNCERTAIN],
+                       message=f"{verdict.message}; its record marked the outcome uncertain")
+    return verdict
+
+
+def _record_verdict(ctx: _Ctx, record: JobRecord) -> Verdict:
+    return outcome.with_stop(outcome.verdict_from_record(
+        record, thread_backed=ctx.spec.thread_backed,
+        cancel_requested=ctx.cancellation_now().requested or ctx.mem.cancel_confirmed), record)
+
+
+# --- assigned ------------------------------------------------------------------------------------
+def _assigned(ctx: _Ctx, a: Assignment) -> Decision:
+    obs, s = ctx.obs, ctx.settings
+    replica = obs.crew.replica(a.ordinal) if obs.crew is not None else None
+    gone = _gone_why(ctx, a, replica)
+    if gone is None and replica is None:
+        return ctx.wait(s.retry_seconds, Phase.RUNNING, Reason.REPLICA_UNAVAILABLE,
+                        "the Crew lists no replicas at the moment; waiting")
+    if gone is not None:
+        since = ctx.mem.gone_since if ctx.mem.gone_since is not None else obs.now
+        if obs.now - since >= s.gone_grace_seconds:
+            return ctx.finish(outcome.uncertain(
+                Reason.JOURNAL_LOST, FailureCategory.CONNECTOR, gone[0], gone[1]))
+        return ctx.wait(min(s.retry_seconds, s.gone_grace_seconds), Phase.RUNNING,
+                        Reason.REPLICA_UNAVAILABLE, f"{gone[1]}; waiting to be sure",
+                        gone_since=since)
+    assert replica is not None
+    if ctx.mem.gone_since is not None:
+        ctx.mem = replace(ctx.mem, gone_since=None)
+    if journal_changed(a.journal_id, replica.journal_id):
+        return _journal_lost(ctx, a, replica.journal_id)
+    # Answers are consumed newest-first: the step just carried out left exactly one.
+    if ctx.mem.admission is not None:
+        return _after_admission(ctx, a, replica, ctx.mem.admission)
+    if ctx.mem.cancel is not None:
+        return _after_cancel(ctx, a, replica, ctx.mem.cancel)
+    if ctx.mem.stream is not None:
+        return _after_stream(ctx, a, replica, ctx.mem.stream)
+    lookup = ctx.mem.lookup
+    if lookup is None:
+        if not replica.can_answer:
+            return ctx.wait(s.backoff(max(1, ctx.mem.failures)), Phase.RUNNING,
+                            Reason.REPLICA_UNAVAILABLE,
+                            f"assigned replica {replica.label} is not reachable; waiting (the "
+                            "action is never moved to another replica)",
+                            failures=ctx.mem.failures + 1)
+        return ctx.decision(Lookup_(replica))
+    if isinstance(lookup, SidecarFailure):
+        failures = ctx.mem.failures + 1
+        return ctx.wait(s.backoff(failures), Phase.RUNNING, Reason.REPLICA_UNAVAILABLE,
+                        f"assigned replica {replica.label} did not answer "
+                        f"({lookup.category.value}/{lookup.code}); asking again with backoff",
+                        failures=failures, lookup=None)
+    return _after_lookup(ctx, a, replica, lookup)
+
+
+def _gone_why(ctx: _Ctx, a: Assignment, replica: Replica | None) -> tuple[str, str] | None:
+    crew_name = ctx.spec.crew if isinstance(ctx.obs.spec, JobSpec) else "?"
+    if ctx.obs.crew is None:
+        return ("crew_deleted", f"the Crew {crew_name!r} holding the assigned replica "
+                                f"{a.ordinal} was deleted; the action's journal is gone")
+    if replica is None and not ctx.obs.crew.replicas:
+        return None  # a Crew listing nothing at all is a status in flux, not evidence
+    if replica is None:
+        return ("claim_gone", f"the Crew no longer lists replica {a.ordinal} or its claim "
+                              f"{a.claim or '?'}; the action's journal is gone")
+    if a.claim and replica.claim and replica.claim != a.claim:
+        return ("claim_gone", f"replica {a.ordinal} now uses claim {replica.claim}, not "
+                              f"{a.claim}; the action's journal is gone")
+    return None
+
+
+def _journal_lost(ctx: _Ctx, a: Assignment, current: str | None) -> Decision:
+    return ctx.finish(outcome.uncertain(
+        Reason.JOURNAL_LOST, FailureCategory.CONNECTOR, "journal_changed",
+        f"the journal of replica {a.ordinal} changed from {a.journal_id} to {current}; the "
+        "action's record is lost"))
+
+
+def _within_settle(ctx: _Ctx) -> bool:
+    """I1/I3: an admission POST sent for this assignment may still land."""
+    since = ctx.known.assigned_at
+    return since is None or ctx.obs.now - since < ctx.settings.settle_seconds
+
+
+def _after_admission(ctx: _Ctx, a: Assignment, replica: Replica,
+                     answer: Admission | SidecarFailure) -> Decision:
+    s = ctx.settings
+    if isinstance(answer, Admission):
+        if journal_changed(a.journal_id, answer.journal_id):
+            return _journal_lost(ctx, a, answer.journal_id)
+        ctx.mem = replace(ctx.mem, admission=None,
+                          lookup=Lookup(record=answer.record, journal_id=answer.journal_id))
+        return _after_lookup(ctx, a, replica, Lookup(record=answer.record,
+                                                     journal_id=answer.journal_id))
+    exc = answer
+    ctx.mem = replace(ctx.mem, admission=None, lookup=None)
+    failures = ctx.mem.failures + 1
+    if exc.category is FailureCategory.TRANSPORT and not exc.uncertain:
+        return ctx.wait(s.backoff(failures), Phase.RUNNING, Reason.REPLICA_UNAVAILABLE,
+                        f"replica {replica.label} refused the connection; nothing was sent",
+                        failures=failures)
+    if exc.code == DRAINING_CODE:
+        return ctx.wait(s.backoff(failures), Phase.RUNNING, Reason.REPLICA_DRAINING,
+                        f"replica {replica.label} is draining and refused the admission; "
+                        "nothing was scheduled there", failures=failures)
+    if exc.http_status in NOT_ADMITTED_STATUSES:
+        reason = Reason.JOURNAL_FULL if exc.http_status == 507 else Reason.SIDECAR_BUSY
+        message = f"replica {replica.label} did not admit the action ({exc.code}); nothing was " \
+                  "scheduled; trying again"
+        if exc.http_status == 507:
+            message = f"{message}. {outcome.RECOVERY['journal_full']}"
+        return ctx.wait(s.backoff(failures), Phase.RUNNING, reason, message, failures=failures)
+    if exc.uncertain:
+        first = not (ctx.known.uncertain and ctx.known.reason == Reason.ANSWER_LOST.value)
+        message = (f"the answer to the admission on replica {replica.label} was lost; the "
+                   "sidecar may have admitted the action; asking it again with backoff")
+        warning = Warning_(f"OutcomeUncertain{Reason.ANSWER_LOST.value}",
+                           f"{message}. {outcome.RECOVERY[Reason.ANSWER_LOST]}"[:1000],
+                           Reason.ANSWER_LOST.value) if first else None
+        return ctx.wait(s.backoff(failures), Phase.RUNNING, Reason.ANSWER_LOST, message,
+                        uncertain=Reason.ANSWER_LOST, warning=warning, failures=failures)
+    # A definitive refusal of this POST. If an earlier POST's answer was lost it may still land.
+    if ctx.known.uncertain and _within_settle(ctx) and exc.http_status not in (409, 410):
+        return ctx.wait(s.backoff(failures), Phase.RUNNING, Reason.ANSWER_LOST,
+                        f"replica {replica.label} refused a repeated admission ({exc.code}) "
+                        "while an earlier one may still land; asking again",
+                        uncertain=Reason.ANSWER_LOST, failures=failures)
+    return ctx.finish(outcome.verdict_from_rejection(exc.category, exc.code, exc.message,
+                                                     exc.http_status))
+
+
+def _after_cancel(ctx: _Ctx, a: Assignment, replica: Replica,
+                  answer: JobRecord | SidecarFailure) -> Decision:
+    s = ctx.settings
+    if isinstance(answer, JobRecord):
+        ctx.mem = replace(ctx.mem, cancel=None, cancel_confirmed=True, cancel_failures=0,
+                          lookup=Lookup(record=answer))
+        return _after_lookup(ctx, a, replica, Lookup(record=answer))
+    failures = ctx.mem.cancel_failures + 1
+    ctx.mem = replace(ctx.mem, cancel=None, lookup=None, cancel_failures=failures)
+    if answer.http_status in (404, 410):
+        return ctx.decision(Lookup_(replica))  # the lookup decides (unknown or archived)
+    if ctx.obs.deleting:
+        return ctx.decision(Wait(s.backoff(failures), Reason.CANCEL_PENDING.value))
+    cancellation = ctx.cancellation_now()
+    cancellation.dispatched = True
+    cancellation.message = (f"the sidecar did not confirm the cancel ({answer.code}); "
+                            "retrying with backoff")
+    patch = ctx.working(Phase.RUNNING, Reason.CANCEL_PENDING,
+                        f"the cancel on replica {replica.label} was not confirmed; retrying",
+                        extra={"cancellation": cancellation.to_status()}
+                        if failures == 1 else None)
+    return ctx.decision(Wait(s.backoff(failures), Reason.CANCEL_PENDING.value), patch)
+
+
+def _after_stream(ctx: _Ctx, a: Assignment, replica: Replica,
+                  answer: StreamEnded | SidecarFailure) -> Decision:
+    s = ctx.settings
+    ctx.mem = replace(ctx.mem, stream=None, lookup=None)
+    if isinstance(answer, StreamEnded):
+        return ctx.decision(Lookup_(replica), failures=0)
+    if answer.code in ("invalid_stream", "invalid_record", "invalid_response") or \
+            answer.http_status == 416:
+        first = not ctx.mem.stream_invalid
+        message = (f"the event stream of replica {replica.label} was unreadable "
+                   f"({answer.code}); following the record instead")
+        warning = Warning_(f"OutcomeUncertain{Reason.INVALID_STREAM.value}",
+                           f"{message}. {outcome.RECOVERY[Reason.INVALID_STREAM]}"[:1000],
+                           Reason.INVALID_STREAM.value) if first else None
+        return ctx.wait(0.0, Phase.RUNNING, Reason.INVALID_STREAM, message,
+                        uncertain=Reason.INVALID_STREAM, warning=warning, stream_invalid=True)
+    failures = ctx.mem.failures + 1
+    return ctx.wait(s.backoff(failures), Phase.RUNNING, Reason.REPLICA_UNAVAILABLE,
+                    f"lost contact with replica {replica.label} while following "
+                    f"({answer.category.value}/{answer.code}); asking again with backoff",
+                    failures=failures)
+
+
+def _after_lookup(ctx: _Ctx, a: Assignment, replica: Replica, lookup: Lookup) -> Decision:
+    s, spec = ctx.settings, ctx.spec
+    if journal_changed(a.journal_id, lookup.journal_id):
+        return _journal_lost(ctx, a, lookup.journal_id)
+    ctx.mem = replace(ctx.mem, failures=0)
+    if lookup.record is None and lookup.tombstone is not None:
+        return ctx.finish(_archived(lookup))
+    record = lookup.record
+    if record is None:
+        return _not_known(ctx, a, replica)
+    if record.request_hash != spec.request_hash():
+        return ctx.finish(outcome.request_changed(record.request_hash, spec.request_hash()))
+    ctx.mem = replace(ctx.mem, admitted=True)
+    if record.terminal:
+        return ctx.finish(_record_verdict(ctx, record), record)
+    # Running: the record settles any earlier AnswerLost (not an InvalidStream: that one stays
+    # until a terminal record decides, see I2).
+    settled = ctx.known.uncertain and ctx.known.reason == Reason.ANSWER_LOST.value
+    recovered = settled or ctx.known.reason in _TROUBLE
+    wants_cancel = spec.cancel and not ctx.mem.cancel_confirmed
+    if wants_cancel:
+        # (after a failed cancel the backoff wait already happened: this is the retry)
+        cancellation = ctx.cancellation_now()
+        cancellation.dispatched = True
+        patch = None
+        if not ctx.known.cancellation.dispatched:
+            patch = ctx.working(Phase.RUNNING, Reason.CANCEL_PENDING,
+                                f"cancel sent to replica {replica.label}",
+                                extra={"cancellation": cancellation.to_status()},
+                                keep_uncertain=not settled)
+        return ctx.decision(Cancel(replica, "spec.cancel set on the CrewJob"), patch,
+                            lookup=None)
+    if ctx.mem.stream_invalid:
+        return ctx.decision(Wait(s.poll_seconds, Reason.INVALID_STREAM.value), None, lookup=None)
+    patch = None
+    if recovered:
+        patch = ctx.working(Phase.RUNNING, Reason.ADMITTED,
+                            f"admitted by replica {replica.label}",
+                            extra={"startedAt": record.created_at}, keep_uncertain=False)
+    return ctx.decision(Follow(replica), patch, lookup=None)
+
+
+_TROUBLE: Final = frozenset({Reason.REPLICA_UNAVAILABLE.value, Reason.REPLICA_DRAINING.value,
+                            Reason.JOURNAL_FULL.value, Reason.SIDECAR_BUSY.value})
+"""Working reasons a running record proves outdated (the status says "admitted" again)."""
+
+
+def _not_known(ctx: _Ctx, a: Assignment, replica: Replica) -> Decision:
+    """The assigned replica (same journal) does not hold the action."""
+    s, spec = ctx.settings, ctx.spec
+    ctx.mem = replace(ctx.mem, lookup=None)
+    if ctx.mem.admitted or ctx.known.started:
+        return ctx.finish(outcome.uncertain(
+            Reason.JOURNAL_LOST, FailureCategory.CONNECTOR, "record_missing",
+            f"the assigned replica {replica.label} no longer knows the action"))
+    if spec.cancel:
+        if _within_settle(ctx):
+            return ctx.wait(s.retry_seconds, Phase.RUNNING, Reason.CANCEL_PENDING,
+                            f"cancel requested; replica {replica.label} does not hold the action "
+                            "yet, but an admission sent to it may still land: looking again")
+        return ctx.finish(outcome.cancelled_before_admission())
+    if replica.state is not ReplicaState.ACTIVE and not _within_settle(ctx):
+        # I1: the replica refuses admissions and, past the settle window, provably never got
+        # one: clear the assignment and probe every replica again.
+        patch = ctx.working(Phase.PENDING, Reason.REPLICA_DRAINING,
+                            f"assigned replica {replica.label} is no longer active and never "
+                            "admitted the action; choosing again after asking every replica",
+                            extra={"assignment": None})
+        return ctx.decision(Wait(0.0, Reason.REPLICA_DRAINING.value), patch, probes={})
+    if not (replica.ready and replica.address and not replica.fenced):
+        return ctx.wait(s.backoff(max(1, ctx.mem.failures + 1)), Phase.RUNNING,
+                        Reason.REPLICA_UNAVAILABLE,
+                        f"assigned replica {replica.label} is not ready for the admission; "
+                        "waiting (never moved)", failures=ctx.mem.failures + 1)
+    # (Re-)send the exact same request to the same journal: reconciliation, not retry.
+    return ctx.decision(Admit(replica))
+
+
+# --- deletion ------------------------------------------------------------------------------------
+def _deleting(ctx: _Ctx) -> Decision:
+    """I3: with deletionPolicy Cancel, a record that may be running gets the cancel."""
+    obs, s, spec = ctx.obs, ctx.settings, ctx.spec
+    if spec.deletion_policy is DeletionPolicy.ORPHAN:
+        return ctx.decision(Release())
+    a = ctx.known.assignment
+    if a is None:
+        return ctx.decision(Release())  # nothing was ever sent
+    since = ctx.mem.deletion_since if ctx.mem.deletion_since is not None else obs.now
+    ctx.mem = replace(ctx.mem, deletion_since=since)
+    if obs.now - since >= s.deletion_wait_seconds:
+        return _release_unconfirmed(ctx, "the sidecar did not confirm the cancel in time")
+    replica = obs.crew.replica(a.ordinal) if obs.crew is not None else None
+    if replica is None or not replica.can_answer:
+        if _gone_why(ctx, a, replica) is not None:
+            return _release_unconfirmed(ctx, "the assigned replica is gone")
+        return ctx.decision(Wait(min(s.retry_seconds, 1.0), Reason.REPLICA_UNAVAILABLE.value))
+    if isinstance(ctx.mem.admission, Admission):
+        ctx.mem = replace(ctx.mem, lookup=Lookup(record=ctx.mem.admission.record),
+                          admission=None)
+    elif ctx.mem.admission is not None:
+        ctx.mem = replace(ctx.mem, admission=None, lookup=None)
+    if isinstance(ctx.mem.cancel, JobRecord):
+        ctx.mem = replace(ctx.mem, cancel_confirmed=True, lookup=Lookup(record=ctx.mem.cancel),
+                          cancel=None)
+    elif ctx.mem.cancel is not None:
+        failures = ctx.mem.cancel_failures + 1
+        ctx.mem = replace(ctx.mem, cancel=None, cancel_failures=failures, lookup=None)
+        return ctx.decision(Wait(min(s.backoff(failures), 2.0), Reason.CANCEL_PENDING.value))
+    ctx.mem = replace(ctx.mem, stream=None)
+    lookup = ctx.mem.lookup
+    if lookup is None:
+        return ctx.decision(Lookup_(replica))
+    if isinstance(lookup, SidecarFailure):
+        return ctx.decision(Wait(1.0, Reason.REPLICA_UNAVAILABLE.value), lookup=None)
+    record = lookup.record
+    if record is None:
+        if lookup.tombstone is None and _within_settle(ctx):
+            return ctx.decision(Wait(1.0, Reason.CANCEL_PENDING.value), lookup=None)
+        return ctx.decision(Release(), lookup=None)  # never admitted (or archived)
+    if record.terminal:
+        if ctx.mem.cancel_confirmed and record.uncertain_outcome:
+            return ctx.decision(Release(), warning=_deleted_warning(
+                "the sidecar cancelled the task, but its record says the work may continue",
+                outcome.RECOVERY["cancel_thread"]))
+        return ctx.decision(Release())
+    if not ctx.mem.cancel_confirmed:
+        return ctx.decision(Cancel(replica, "CrewJob deleted (deletionPolicy Cancel)"),
+                            lookup=None)
+    return ctx.decision(Wait(0.5, Reason.CANCEL_PENDING.value), lookup=None)
+
+
+def _deleted_warning(detail: str, advice: str) -> Warning_:
+    return Warning_(f"OutcomeUncertain{Reason.CANCEL_UNCONFIRMED.value}",
+                    f"CrewJob deleted: {detail}. {advice}"[:1000],
+                    Reason.CANCEL_UNCONFIRMED.value)
+
+
+def _release_unconfirmed(ctx: _Ctx, detail: str) -> Decision:
+    return ctx.decision(Release(), warning=_deleted_warning(
+        detail, outcome.RECOVERY[Reason.CANCEL_UNCONFIRMED]))

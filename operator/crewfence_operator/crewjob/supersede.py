@@ -1,0 +1,113 @@
+"""The admission gate of a successor CrewJob (``spec.supersedes``). Pure: it decides from the
+successor's identity and the predecessor object as read; the handler carries it out.
+
+Invariants kept here:
+- *nothing retries an uncertain outcome but a linked successor*: a successor is admitted only
+  when its predecessor's uncertain outcome was resolved ``NotHappened`` or ``Compensated``;
+  unresolved → it waits (Pending, reason ``PredecessorUnresolved``); resolved ``Happened`` →
+  refused for good (running it again would duplicate the effects);
+- *one successor per predecessor*: a predecessor whose ``status.supersededBy`` names another
+  job refuses every other successor (the claim itself is written with the predecessor's
+  resourceVersion, so two successors racing cannot both win);
+- *a successor is new work*: it must carry a different action id than its predecessor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Final
+
+from crewfence_operator.crewjob.resolution import TERMINAL_PHASES, Resolution
+
+WAIT_REASON: Final = "PredecessorUnresolved"
+
+
+class Gate(StrEnum):
+    PROCEED = "Proceed"
+    WAIT = "Wait"
+    REFUSE = "Refuse"
+
+
+@dataclass(frozen=True)
+class GateDecision:
+    gate: Gate
+    code: str
+    """A short machine-readable code (the failure code when refused)."""
+    message: str
+
+    @property
+    def proceed(self) -> bool:
+        return self.gate is Gate.PROCEED
+
+
+def effective_action_id(obj: Mapping[str, Any]) -> str:
+    """The action id a CrewJob uses: status.actionId, else spec.actionId, else ns/name."""
+    meta = obj.get("metadata") or {}
+    status = obj.get("status") or {}
+    spec = obj.get("spec") or {}
+    return str(status.get("actionId") or spec.get("actionId")
+               or f"{meta.get('namespace')}/{meta.get('name')}")
+
+
+def decide(*, successor_name: str, successor_action_id: str,
+           predecessor: Mapping[str, Any] | None, predecessor_name: str) -> GateDecision:
+    """May the successor be admitted now? (see the module's invariants)"""
+    if predecessor_name == successor_name:
+        return GateDecision(Gate.REFUSE, "supersedes_self", "a CrewJob cannot supersede itself")
+    if predecessor is None:
+        return GateDecision(Gate.WAIT, "predecessor_not_found",
+                            f"spec.supersedes names CrewJob {predecessor_name!r}, which does "
+                            "not exist (yet) in this namespace; waiting")
+    if effective_action_id(predecessor) == successor_action_id:
+        return GateDecision(Gate.REFUSE, "supersedes_same_action",
+                            "a successor must run under a new action id; this one has its "
+                            "predecessor's action id")
+    status = predecessor.get("status") or {}
+    taken = status.get("supersededBy") or {}
+    if taken.get("name") and taken.get("name") != successor_name:
+        return GateDecision(Gate.REFUSE, "already_superseded",
+                            f"CrewJob {predecessor_name!r} is already superseded by "
+                            f"{taken.get('name')!r}; one successor per uncertain outcome")
+    phase = str(status.get("phase") or "Pending")
+    if phase not in TERMINAL_PHASES:
+        return GateDecision(Gate.WAIT, "predecessor_not_finished",
+                            f"predecessor {predecessor_name!r} is {phase}; a successor waits "
+                            "until its outcome is known and resolved")
+    if status.get("uncertainOutcome") is not True:
+        return GateDecision(Gate.REFUSE, "predecessor_not_uncertain",
+                            f"predecessor {predecessor_name!r} ended with a known outcome "
+                            f"({phase}); supersedes is only for uncertain outcomes: create a "
+                            "new CrewJob without spec.supersedes for new work")
+    resolution = Resolution.from_spec(status.get("resolution"))
+    if resolution is None:
+        return GateDecision(Gate.WAIT, "predecessor_unresolved",
+                            f"predecessor {predecessor_name!r} has an unresolved uncertain "
+                            "outcome; resolve it first (kubectl crewfence resolve "
+                            f"{predecessor_name} --not-happened|--compensated --note ...)")
+    if not resolution.allows_successor:
+        return GateDecision(Gate.REFUSE, "predecessor_happened",
+                            f"predecessor {predecessor_name!r} was resolved "
+                            f"{resolution.outcome.value}: its work took effect, and running it "
+                            "again would duplicate the effects")
+    return GateDecision(Gate.PROCEED, "predecessor_resolved",
+                        f"predecessor {predecessor_name!r} was resolved "
+                        f"{resolution.outcome.value}")
+
+
+def supersedes_status(predecessor: Mapping[str, Any], predecessor_name: str) -> dict[str, Any]:
+    """``status.supersedes`` of the successor."""
+    resolution = (predecessor.get("status") or {}).get("resolution") or {}
+    return {"name": predecessor_name, "actionId": effective_action_id(predecessor),
+            "outcome": resolution.get("outcome")}
+
+
+def claim_patch(predecessor: Mapping[str, Any], *, successor_name: str,
+                successor_action_id: str) -> dict[str, Any]:
+    """The predecessor's status patch linking it to its successor, guarded by its
+    resourceVersion (a concurrent claim makes the API server answer 409)."""
+    return {"metadata": {"resourceVersion": (predecessor.get("metadata") or {})
+                         .get("resourceVersion")},
+            "status": {"supersededBy": {"name": successor_name,
+                                        "actionId": successor_action_id}}}

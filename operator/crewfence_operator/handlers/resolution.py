@@ -1,0 +1,288 @@
+"""kopf glue for the human half of an uncertain outcome: ``spec.resolution`` and
+``spec.supersedes``. Decisions are pure (``crewjob/resolution.py``, ``crewjob/supersede.py``);
+this module only reads, writes status, posts Events and calls the sidecar.
+
+Level-triggered on purpose: one ``on.event`` handler looks at every CrewJob event and carries
+out whatever :func:`resolution.decide` says now, so an interrupted step (operator restart, a
+concurrent status write) is taken again on the next event, and a resolution that arrives
+with a re-applied manifest applies as soon as the job's outcome turns uncertain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any, cast
+
+import aiohttp
+import kopf
+from kubernetes.client.exceptions import ApiException
+
+from crewfence_operator import constants as c
+from crewfence_operator import kube, metrics
+from crewfence_operator.crewjob import machine, outcome, supersede
+from crewfence_operator.crewjob import resolution as res
+from crewfence_operator.crewjob.replicas import Replica, parse_replicas
+from crewfence_operator.crewjob.status import now_iso
+from crewfence_operator.sidecar_client import Endpoint, SidecarClient, SidecarFailure
+
+log = logging.getLogger(__name__)
+
+JOURNAL_ATTEMPTS = 4
+JOURNAL_BACKOFF_SECONDS = 1.0
+RETRY_SECONDS = 30.0
+"""After the attempts failed: look again this much later (in this process), until journaled."""
+_retries: dict[tuple[str, str], asyncio.Task[None]] = {}
+
+
+# --- API (blocking calls, always in a thread) -----------------------------------------------
+def _patch_status_blocking(namespace: str, name: str, body: dict[str, Any]) -> None:
+    kube.custom().patch_namespaced_custom_object_status(
+        c.GROUP, c.VERSION, namespace, c.CREWJOB_PLURAL, name, body)
+
+
+def _get_crewjob_blocking(namespace: str, name: str) -> dict[str, Any] | None:
+    try:
+        obj = kube.custom().get_namespaced_custom_object(c.GROUP, c.VERSION, namespace,
+                                                         c.CREWJOB_PLURAL, name)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    assert isinstance(obj, dict)
+    return obj
+
+
+async def _patch_status(namespace: str, name: str, status: dict[str, Any]) -> bool:
+    """False when the CrewJob is gone."""
+    try:
+        await asyncio.to_thread(_patch_status_blocking, namespace, name, {"status": status})
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return True
+
+
+def _as_body(obj: Mapping[str, Any]) -> kopf.Body:
+    """kopf posts Events for any object with apiVersion, kind and metadata (uid, name)."""
+    return cast(kopf.Body, obj)
+
+
+# --- the gauge of unresolved uncertain outcomes ---------------------------------------------
+def _epoch(stamp: object) -> float | None:
+    if not isinstance(stamp, str) or not stamp:
+        return None
+    try:
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def unresolved_entry(obj: Mapping[str, Any]) -> tuple[str, str, float] | None:
+    """``(crew, reason, since)`` for an uncertain, unresolved CrewJob; None otherwise."""
+    status = obj.get("status") or {}
+    if status.get("uncertainOutcome") is not True or (status.get("resolution") or {}).get(
+            "outcome"):
+        return None
+    crew = str(((obj.get("spec") or {}).get("crewRef") or {}).get("name") or "")
+    since: float | None = None
+    reason = str(status.get("reason") or "Unknown")
+    for cond in status.get("conditions") or []:
+        if isinstance(cond, Mapping) and cond.get("type") == res.UNCERTAIN_CONDITION:
+            reason = str(cond.get("reason") or reason)
+            since = _epoch(cond.get("lastTransitionTime"))
+    since = since or _epoch(status.get("finishedAt")) or _epoch(
+        (obj.get("metadata") or {}).get("creationTimestamp")) or 0.0
+    return crew, reason, since
+
+
+# --- resolution -------------------------------------------------------------------------------
+@kopf.on.event(c.GROUP, c.VERSION, c.CREWJOB_PLURAL, id="crewjob-resolution")
+async def crewjob_resolution(event: Mapping[str, Any], **_: Any) -> None:
+    obj = event.get("object") or {}
+    meta = obj.get("metadata") or {}
+    namespace, name = str(meta.get("namespace")), str(meta.get("name"))
+    if event.get("type") == "DELETED":
+        metrics.observe_unresolved_uncertain(namespace, name, None)
+        return
+    metrics.observe_unresolved_uncertain(namespace, name, unresolved_entry(obj))
+    if meta.get("deletionTimestamp"):
+        return
+    await carry_out(obj)
+
+
+async def carry_out(obj: Mapping[str, Any]) -> None:
+    """One step of :func:`res.decide` (and the journal write that may follow an accept)."""
+    meta, spec = obj["metadata"], obj.get("spec") or {}
+    status = dict(obj.get("status") or {})
+    namespace, name = str(meta["namespace"]), str(meta["name"])
+    generation = int(meta.get("generation") or 1)
+    decision = res.decide(spec, status, generation)
+    if decision.step in (res.Step.NOTHING, res.Step.WAIT) or decision.resolution is None:
+        return
+    now = now_iso()
+    if decision.step is res.Step.IGNORE:
+        if await _patch_status(namespace, name, res.ignored_patch(
+                status, decision.message, generation=generation, now=now)):
+            kopf.warn(_as_body(obj), reason=res.REASON_IGNORED, message=decision.message[:1000])
+        return
+    resolved_by = res.resolver(meta.get("managedFields"))
+    if decision.step in (res.Step.ACCEPT, res.Step.REFRESH):
+        journal_possible = bool((status.get("assignment") or {}).get("pod")
+                                or (status.get("assignment") or {}).get("ordinal") is not None)
+        patch = res.accepted_patch(status, decision.resolution, resolved_by=resolved_by,
+                                   generation=generation, now=now,
+                                   journal_possible=journal_possible)
+        if not await _patch_status(namespace, name, patch):
+            return
+        if decision.step is res.Step.ACCEPT:
+            metrics.observe_unresolved_uncertain(namespace, name, None)
+            kopf.event(_as_body(obj), type="Normal", reason=res.REASON_RESOLVED,
+                       message=f"Outcome resolved {decision.resolution.outcome.value} by "
+                               f"{resolved_by}: {decision.resolution.note}"[:1000])
+        if patch["resolution"]["journal"].get("state") != res.JournalState.PENDING.value:
+            return
+        resolved_by = str(patch["resolution"].get("resolvedBy") or resolved_by)
+    else:  # JOURNAL
+        resolved_by = str((status.get("resolution") or {}).get("resolvedBy") or resolved_by)
+    await journal(obj, decision.resolution, resolved_by)
+
+
+async def journal(obj: Mapping[str, Any], resolution: res.Resolution, resolved_by: str) -> None:
+    """Record the resolution in the assigned replica's journal (idempotent route; retried)."""
+    from crewfence_operator.handlers import crewjob as jobs  # its session and client factory
+
+    meta, spec, status = obj["metadata"], obj.get("spec") or {}, obj.get("status") or {}
+    namespace, name = str(meta["namespace"]), str(meta["name"])
+    crew_name = str((spec.get("crewRef") or {}).get("name") or "")
+    ordinal = (status.get("assignment") or {}).get("ordinal")
+    action_id = supersede.effective_action_id(obj)
+    request = res.sidecar_request(crew=crew_name, action_id=action_id, resolution=resolution,
+                                  resolved_by=resolved_by)
+    why = "the assigned replica is not reachable"
+    for attempt in range(JOURNAL_ATTEMPTS):
+        crew, token = await jobs.read_crew_and_token(namespace, crew_name)
+        replica = next((r for r in parse_replicas(crew or {}) if r.ordinal == ordinal), None)
+        if replica is not None and replica.address and token:
+            try:
+                client = await _client(namespace, crew_name, replica, token)
+                event = await client.resolve(request)
+            except SidecarFailure as exc:
+                metrics.observe_sidecar_failure(exc.category.value)
+                why = str(exc)
+                if exc.http_status in (404, 410):
+                    await _patch_status(namespace, name, res.journal_patch(
+                        res.JournalState.NOT_APPLICABLE,
+                        message=f"the journal no longer holds the record: {exc.message}"))
+                    return
+            else:
+                await _patch_status(namespace, name, res.journal_patch(
+                    res.JournalState.JOURNALED, sequence=event.sequence,
+                    message=f"journaled on replica {ordinal} as event {event.sequence}"))
+                log.info("crewjob %s/%s: resolution journaled (event %s)", namespace, name,
+                         event.sequence)
+                return
+        await asyncio.sleep(JOURNAL_BACKOFF_SECONDS * (2 ** attempt))
+    if await _patch_status(namespace, name, res.journal_patch(
+            res.JournalState.PENDING,
+            message=f"not journaled yet ({why}); trying again every {RETRY_SECONDS:.0f}s")):
+        _retry_later(namespace, name)
+
+
+_sessions: dict[int, aiohttp.ClientSession] = {}
+
+
+async def _client(namespace: str, crew: str, replica: Replica, token: str) -> SidecarClient:
+    """A client for the replica, with the same endpoint options (mutual TLS when the operator
+    runs with it) as the CrewJob daemon's."""
+    from crewfence_operator.handlers import crewjob as jobs
+
+    assert replica.address
+    options = await jobs.KubeIO(cache_seconds=0.0).endpoint_options(namespace, crew,
+                                                                    replica.ordinal)
+    key = id(asyncio.get_running_loop())
+    session = _sessions.get(key)
+    if session is None or session.closed:
+        session = _sessions[key] = aiohttp.ClientSession()
+    return SidecarClient(session, Endpoint(replica.address, token, **options))
+
+
+@kopf.on.cleanup()
+async def close_sessions(**_: Any) -> None:
+    for key, session in list(_sessions.items()):
+        await session.close()
+        _sessions.pop(key, None)
+
+
+def _retry_later(namespace: str, name: str) -> None:
+    """One pending retry per CrewJob: re-read it after RETRY_SECONDS and carry out again
+    (level-triggered, so a CrewJob resolved, journaled or deleted meanwhile ends it)."""
+    key = (namespace, name)
+    running = _retries.get(key)
+    if running is not None and not running.done():
+        return
+
+    async def later() -> None:
+        await asyncio.sleep(RETRY_SECONDS)
+        _retries.pop(key, None)
+        try:
+            obj = await asyncio.to_thread(_get_crewjob_blocking, namespace, name)
+            if obj is not None and not (obj.get("metadata") or {}).get("deletionTimestamp"):
+                await carry_out(obj)
+        except Exception:  # a background retry must not die silently
+            log.exception("crewjob %s/%s: retrying the resolution's journal write failed",
+                          namespace, name)
+
+    _retries[key] = asyncio.create_task(later(), name=f"resolution-journal {namespace}/{name}")
+
+
+# --- supersedes: the gate before a successor's first admission --------------------------------
+async def supersedes_gate(body: Mapping[str, Any], action_id: str) -> supersede.GateDecision:
+    """Called by the CrewJob runner before its first admission. Without ``spec.supersedes``
+    it proceeds at once (no API call). With it: read the predecessor, decide, and on
+    proceed claim the predecessor (``status.supersededBy``, guarded by its resourceVersion)
+    and link this job (``status.supersedes``)."""
+    spec, meta = body.get("spec") or {}, body["metadata"]
+    predecessor_name = spec.get("supersedes")
+    if not predecessor_name:
+        return supersede.GateDecision(supersede.Gate.PROCEED, "no_predecessor", "")
+    namespace, name = str(meta["namespace"]), str(meta["name"])
+    predecessor = await asyncio.to_thread(_get_crewjob_blocking, namespace,
+                                          str(predecessor_name))
+    decision = supersede.decide(successor_name=name, successor_action_id=action_id,
+                                predecessor=predecessor, predecessor_name=str(predecessor_name))
+    if not decision.proceed or predecessor is None:
+        return decision
+    if ((predecessor.get("status") or {}).get("supersededBy") or {}).get("name") != name:
+        try:
+            await asyncio.to_thread(
+                _patch_status_blocking, namespace, str(predecessor_name),
+                supersede.claim_patch(predecessor, successor_name=name,
+                                      successor_action_id=action_id))
+        except ApiException as exc:
+            if exc.status in (404, 409):  # deleted or changed meanwhile: decide again later
+                return supersede.GateDecision(
+                    supersede.Gate.WAIT, "predecessor_changed",
+                    f"predecessor {predecessor_name!r} changed while it was being linked; "
+                    "looking again")
+            raise
+        kopf.event(_as_body(predecessor), type="Normal", reason="Superseded",
+                   message=f"superseded by CrewJob {name} (action id {action_id})")
+    await _patch_status(namespace, name, {"supersedes": supersede.supersedes_status(
+        predecessor, str(predecessor_name))})
+    return decision
+
+
+async def admission_gate(body: Mapping[str, Any]) -> machine.Gate:
+    """:func:`supersedes_gate` as the state machine's :class:`machine.Gate` (the hook the
+    CrewJob handler calls before the first admission: ``Runtime.gate``)."""
+    decision = await supersedes_gate(body, supersede.effective_action_id(body))
+    if decision.gate is supersede.Gate.PROCEED:
+        return machine.OPEN_GATE
+    if decision.gate is supersede.Gate.REFUSE:
+        return machine.Gate(open=False, message=decision.message,
+                            refusal=outcome.invalid_spec(decision.code, decision.message))
+    return machine.Gate(open=False, reason=supersede.WAIT_REASON, message=decision.message)

@@ -1,0 +1,209 @@
+"""The runtime's ``Executor`` that runs every job in its own worker process.
+
+Invariants kept here:
+
+- Reaped before recorded: every path out of :meth:`WorkerExecutor.__call__` (result, error,
+  death, cancel, timeout, sidecar stop) first waits until the worker was reaped; the runtime
+  writes the terminal record only after this returns or raises. A second cancellation while
+  a worker is being stopped does not cut that wait short.
+- Live workers count against maxConcurrency: the runtime holds its concurrency slot for the
+  whole call, and the call lasts until the worker is gone.
+- Stop = SIGTERM to the group, ``stop_grace`` seconds, SIGKILL, reap; the
+  :class:`~crewfence_sidecar.workers.outcomes.StopReport` goes to the runtime through
+  ``JobContext.on_stopped`` before the cancellation propagates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections import deque
+from collections.abc import Awaitable, Iterator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from crewfence_sidecar.journal import utc_now
+from crewfence_sidecar.runtime import JobContext
+from crewfence_sidecar.workers.outcomes import RemoteExecutionError, StopReport, WorkerDied
+from crewfence_sidecar.workers.protocol import ExitStatus
+from crewfence_sidecar.workers.supervisor import Supervisor, TemplateInfo, WorkerHandle
+
+T = TypeVar("T")
+DEFAULT_STOP_GRACE_SECONDS = 2.0
+DEFAULT_SPARES = 2
+
+
+class _NotSerialisable:
+    """Stands for a worker output that was not JSON: the runtime records it as such."""
+
+
+async def _uncancellable(awaitable: Awaitable[T]) -> T:
+    """Await to the end even if the waiting task is cancelled again meanwhile."""
+    task = asyncio.ensure_future(awaitable)
+    cancelled = False
+    while True:
+        try:
+            result = await asyncio.shield(task)
+            break
+        except asyncio.CancelledError:
+            if task.done():
+                raise
+            cancelled = True
+    if cancelled:
+        current = asyncio.current_task()
+        if current is not None:
+            current.cancel()  # re-deliver after the work is done
+    return result
+
+
+@dataclass
+class WorkerStats:
+    """Start latencies (fork to first instruction of the job), for the benchmark."""
+
+    start_ns: list[int]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.start_ns)
+
+
+class WorkerCrews:
+    """The crew set the runtime checks admissions against, as the template loaded it."""
+
+    def __init__(self, info: TemplateInfo) -> None:
+        self._ids = frozenset(info.crew_ids)
+        self.placeholders = info.placeholders
+        self.credentials = info.model_credentials
+
+    def crew_ids(self) -> list[str]:
+        return sorted(self._ids)
+
+    def __contains__(self, crew_id: object) -> bool:
+        return crew_id in self._ids
+
+    def required_inputs(self, crew_id: str) -> list[str]:
+        return list(self.placeholders.get(crew_id, []))
+
+    def model_credentials(self) -> dict[str, dict[str, Any]]:
+        """For /health: per declarative crew, whether its model's credentials are present."""
+        return {crew_id: dict(entry) for crew_id, entry in sorted(self.credentials.items())}
+
+
+class WorkerExecutor:
+    """Runs each job in a worker. Keeps up to ``spares`` warm spare workers (forked ahead,
+    oldest given out first) while ``live workers < max_live``, so spares never push the
+    process count past maxConcurrency; without ``max_live`` every job forks its own worker.
+    """
+
+    def __init__(self, supervisor: Supervisor,
+                 stop_grace: float = DEFAULT_STOP_GRACE_SECONDS,
+                 max_live: int | None = None, spares: int = DEFAULT_SPARES) -> None:
+        self.supervisor = supervisor
+        self.stop_grace = stop_grace
+        self.max_live = max_live
+        self.spares = spares
+        self.stats = WorkerStats([])
+        self._spares: deque[WorkerHandle] = deque()
+
+    @property
+    def spare_pids(self) -> list[int]:
+        return [pid for pid in (h.pid for h in self._spares) if pid is not None]
+
+    def _take_worker(self) -> WorkerHandle:
+        while self._spares:
+            spare = self._spares.popleft()
+            if not spare.exited.done() and not (
+                    spare.forked.done() and spare.forked.exception() is not None):
+                return spare
+            spare.close()
+        return self.supervisor.request_fork()
+
+    def _refill(self) -> None:
+        """Fork spares up to ``spares`` while one more live worker stays within max_live."""
+        if self.max_live is None or not self.supervisor.available:
+            return
+        while (len(self._spares) < self.spares
+               and self.supervisor.live_workers + 1 <= self.max_live):
+            self._spares.append(self.supervisor.request_fork(spare=True))
+
+    async def close(self) -> None:
+        """End the spares (their channels close, they exit without a job); wait for reaps."""
+        spares, self._spares = list(self._spares), deque()
+        for spare in spares:
+            spare.close()
+        for spare in spares:
+            try:
+                await asyncio.shield(spare.forked)
+            except OSError:
+                continue
+            await asyncio.shield(spare.exited)
+
+    def prime(self) -> None:
+        """Fork the first spares (call on the running event loop)."""
+        self._refill()
+
+    async def __call__(self, ctx: JobContext) -> Any:
+        handle = self._take_worker()
+        self._refill()
+        try:
+            try:
+                await asyncio.shield(handle.forked)
+            except OSError as exc:  # no worker could be forked: nothing ran
+                lost = ExitStatus(detail=f"no worker process: {exc}")
+                raise WorkerDied(lost, StopReport(stopped_at=utc_now(), exit=lost,
+                                                  escalated=False)) from None
+            await handle.open({"crew_id": ctx.crew_id, "action_id": ctx.action_id,
+                               "operation": ctx.operation, "input": ctx.input})
+            outcome = await self._follow(handle, ctx)
+            exit_status = await asyncio.shield(handle.exited)
+        except asyncio.CancelledError:
+            report = await _uncancellable(self._stop(handle))
+            if report is not None and ctx.on_stopped is not None:
+                ctx.on_stopped(report)
+            raise
+        finally:
+            handle.close()
+            self._refill()
+        return self._conclude(outcome, exit_status)
+
+    async def _follow(self, handle: WorkerHandle, ctx: JobContext) -> dict[str, Any] | None:
+        """Chunks to the runtime until the result; None when the channel ended without one."""
+        while True:
+            message = await handle.next_message()
+            if message is None:
+                return None
+            kind = message.get("type")
+            if kind == "chunk":
+                await ctx.emit_chunk(dict(message.get("data") or {}))
+            elif kind == "started":
+                if handle.fork_ns and not handle.spare:  # a spare's start includes waiting
+                    self.stats.start_ns.append(int(message["started_ns"]) - handle.fork_ns)
+            elif kind in ("result", "error", "unserialisable"):
+                return message
+
+    @staticmethod
+    def _conclude(outcome: dict[str, Any] | None, exit_status: ExitStatus) -> Any:
+        if outcome is None:
+            raise WorkerDied(exit_status, StopReport(stopped_at=utc_now(), exit=exit_status,
+                                                     escalated=False))
+        kind = outcome["type"]
+        if kind == "result":
+            return outcome.get("output")
+        if kind == "unserialisable":
+            return _NotSerialisable()
+        raise RemoteExecutionError(str(outcome.get("exception") or "Exception"))
+
+    async def _stop(self, handle: WorkerHandle) -> StopReport | None:
+        try:
+            pid = await asyncio.shield(handle.forked)
+        except OSError:
+            return None  # never forked: nothing ran
+        escalated = False
+        if not handle.exited.done():
+            self.supervisor.signal(pid, signal.SIGTERM)
+            try:
+                await asyncio.wait_for(asyncio.shield(handle.exited), self.stop_grace)
+            except TimeoutError:
+                escalated = True
+                self.supervisor.signal(pid, signal.SIGKILL)
+        exit_status = await asyncio.shield(handle.exited)
+        return StopReport(stopped_at=utc_now(), exit=exit_status, escalated=escalated)

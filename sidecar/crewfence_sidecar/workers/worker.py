@@ -1,0 +1,94 @@
+"""One forked worker: runs one job and reports over its channel, then exits.
+
+Runs in the child of the template's ``fork``. Invariants kept here:
+
+- Own process group (``setpgid(0, 0)``): the sidecar's stop signals the whole group, tools'
+  child processes included.
+- Dies with the template (``PR_SET_PDEATHSIG`` = SIGKILL): no orphan keeps calling a model.
+- Never touches the journal: it only writes frames on its channel; the sidecar persists them.
+- Never returns into the template's loop: every path ends in ``os._exit``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import sys
+import time
+from typing import Any, NoReturn
+
+from crewfence_sidecar.runtime import JobContext
+from crewfence_sidecar.workers.protocol import ProtocolError, frame, read_frame, write_frame
+from crewfence_sidecar.workers.settings import (
+    TemplateSettings,
+    apply_limits,
+    die_with_parent,
+    reset_signals,
+)
+
+EXIT_OK = 0
+EXIT_NO_JOB = 3
+EXIT_INTERNAL = 70
+
+
+async def _execute(catalog: Any, job: dict[str, Any], sock: socket.socket,
+                   settings: TemplateSettings) -> dict[str, Any]:
+    from crewfence_sidecar import operations
+
+    async def emit_chunk(data: dict[str, Any]) -> None:
+        write_frame(sock, {"type": "chunk", "data": data})
+
+    ctx = JobContext(crew_id=str(job["crew_id"]), action_id=str(job["action_id"]),
+                     operation=str(job["operation"]), input=dict(job["input"]),
+                     training_dir=settings.training_path, emit_chunk=emit_chunk)
+    try:
+        output = await operations.execute(catalog, ctx)
+    except Exception as exc:  # the class only crosses over (messages can carry inputs)
+        return {"type": "error", "exception": type(exc).__name__}
+    return {"type": "result", "output": output}
+
+
+def _report(sock: socket.socket, outcome: dict[str, Any]) -> None:
+    try:
+        data = frame(outcome)
+    except (TypeError, ValueError, ProtocolError):
+        data = frame({"type": "unserialisable"})
+    sock.sendall(data)
+
+
+def run(channel_fd: int, close_fds: list[int], catalog: Any, settings: TemplateSettings,
+        template_pid: int, spare: bool = False) -> NoReturn:
+    """The whole life of a worker (called in the child right after ``fork``)."""
+    code = EXIT_INTERNAL
+    try:
+        os.setpgid(0, 0)
+        die_with_parent(signal.SIGKILL, template_pid)
+        reset_signals()
+        for fd in close_fds:
+            os.close(fd)
+        apply_limits(settings)
+        sock = socket.socket(fileno=channel_fd)
+        sock.setblocking(True)
+        if spare and settings.warm_workers:
+            from crewfence_sidecar.workers.warmup import warm_up
+
+            warm_up(in_worker=True)  # a spare pays its first-kickoff costs before its job
+        job = read_frame(sock)
+        if job is None:
+            code = EXIT_NO_JOB
+        else:
+            write_frame(sock, {"type": "started", "pid": os.getpid(),
+                               "started_ns": time.monotonic_ns()})
+            _report(sock, asyncio.run(_execute(catalog, job, sock, settings)))
+            code = EXIT_OK
+    except BaseException:
+        code = EXIT_INTERNAL
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: S110 - exiting anyway
+                pass
+        os._exit(code)

@@ -1,0 +1,134 @@
+"""The operator's resolution handler against a real in-process sidecar (real crewai with the
+offline LLM, real SQLite journal): accept, journal once, and stay level-triggered. The
+Kubernetes API is replaced by a recorder of status patches (the e2e test,
+tests/e2e/test_crewjob_resolution.py, runs the same path against the real kube-apiserver)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import kopf
+import pytest
+from crewfence_operator.handlers import crewjob as jobs
+from crewfence_operator.handlers import resolution as handler
+from sidecar_helpers import AUTH, TOKEN, headers, start_body
+
+
+def merge(target: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    """RFC 7386 JSON merge patch (what the status PATCH does)."""
+    for key, value in patch.items():
+        if value is None:
+            target.pop(key, None)
+        elif isinstance(value, dict) and isinstance(target.get(key), dict):
+            merge(target[key], value)
+        else:
+            target[key] = value
+    return target
+
+
+@pytest.fixture
+def api(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """One CrewJob object whose status the handler patches, plus the Events it posts."""
+    state: dict[str, Any] = {"events": []}
+
+    async def patch_status(namespace: str, name: str, status: dict[str, Any]) -> bool:
+        merge(state["obj"].setdefault("status", {}), status)
+        return True
+
+    def event(_body: Any, *, type: str = "Normal", reason: str, message: str) -> None:
+        state["events"].append((type, reason, message))
+
+    monkeypatch.setattr(handler, "_patch_status", patch_status)
+    monkeypatch.setattr(kopf, "event", event)
+    monkeypatch.setattr(kopf, "warn", lambda body, *, reason, message:
+                        state["events"].append(("Warning", reason, message)))
+    return state
+
+
+async def test_accept_then_journal_once(make_client: Any, api: dict[str, Any],
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    c = await make_client()
+    r = await c.post("/jobs", json=start_body("ns/job", topic="bees"),
+                     headers=headers("k", async_=True))
+    assert r.status == 202
+    assert await c.sidecar.runtime.wait_terminal("ns/job", 60)
+    address = f"{c.server.host}:{c.server.port}"
+
+    async def crew_and_token(namespace: str, crew: str) -> tuple[dict[str, Any], str]:
+        return ({"spec": {"replicas": 1}, "status": {"replicas": [
+            {"ordinal": 0, "pod": "research-0", "address": address, "ready": True,
+             "journalId": "j"}]}}, TOKEN)
+
+    monkeypatch.setattr(jobs, "read_crew_and_token", crew_and_token)
+    api["obj"] = {
+        "apiVersion": "crewfence.dev/v1alpha1", "kind": "CrewJob",
+        "metadata": {"name": "job", "namespace": "ns", "uid": "u", "generation": 2,
+                     "managedFields": [{"manager": "kubectl-patch", "time": "t",
+                                        "fieldsV1": {"f:spec": {"f:resolution": {}}}}]},
+        "spec": {"crewRef": {"name": "research"}, "operation": "run",
+                 "resolution": {"outcome": "Compensated", "note": "refunded"}},
+        "status": {"phase": "Failed", "reason": "SidecarRestarted", "uncertainOutcome": True,
+                   "observedGeneration": 1, "actionId": "ns/job",
+                   "assignment": {"ordinal": 0, "pod": "research-0"},
+                   "conditions": [{"type": "OutcomeUncertain", "status": "True",
+                                   "reason": "SidecarRestarted"}]},
+    }
+    await handler.carry_out(api["obj"])
+    status = api["obj"]["status"]
+    assert status["resolution"]["journal"]["state"] == "Journaled"
+    assert status["resolution"]["resolvedBy"] == "kubectl-patch"
+    assert status["phase"] == "Failed" and status["uncertainOutcome"] is True
+    assert [e[1] for e in api["events"]] == ["Resolved"]
+
+    page = await (await c.get("/jobs/ns%2Fjob/events", headers=AUTH)).json()
+    journaled = [e for e in page["events"] if e["event"] == "resolution"]
+    assert len(journaled) == 1
+    assert status["resolution"]["journal"]["sequence"] == journaled[0]["sequence"]
+
+    # Level-triggered: looking again changes nothing and journals nothing more.
+    await handler.carry_out(api["obj"])
+    page = await (await c.get("/jobs/ns%2Fjob/events", headers=AUTH)).json()
+    assert [e["event"] for e in page["events"]].count("resolution") == 1
+    assert [e[1] for e in api["events"]] == ["Resolved"]
+
+
+async def test_unreachable_sidecar_leaves_it_pending_and_a_retry_journals_it(
+        make_client: Any, api: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    c = await make_client()
+    r = await c.post("/jobs", json=start_body("ns/late", topic="bees"),
+                     headers=headers("k", async_=True))
+    assert r.status == 202
+    assert await c.sidecar.runtime.wait_terminal("ns/late", 60)
+    reachable = {"address": None}
+
+    async def crew_and_token(namespace: str, crew: str) -> tuple[dict[str, Any], str]:
+        return ({"spec": {"replicas": 1}, "status": {"replicas": [
+            {"ordinal": 0, "pod": "research-0", "address": reachable["address"],
+             "ready": True, "journalId": "j"}]}}, TOKEN)
+
+    monkeypatch.setattr(jobs, "read_crew_and_token", crew_and_token)
+    monkeypatch.setattr(handler, "JOURNAL_BACKOFF_SECONDS", 0.01)
+    monkeypatch.setattr(handler, "RETRY_SECONDS", 0.05)
+    monkeypatch.setattr(handler, "_get_crewjob_blocking", lambda ns, name: api["obj"])
+    api["obj"] = {
+        "metadata": {"name": "late", "namespace": "ns", "uid": "u2", "generation": 2},
+        "spec": {"crewRef": {"name": "research"}, "operation": "run",
+                 "resolution": {"outcome": "Happened", "note": "it went out"}},
+        "status": {"phase": "Failed", "uncertainOutcome": True, "observedGeneration": 1,
+                   "actionId": "ns/late", "assignment": {"ordinal": 0, "pod": "research-0"},
+                   "conditions": []},
+    }
+    await handler.carry_out(api["obj"])
+    journal = api["obj"]["status"]["resolution"]["journal"]
+    assert journal["state"] == "Pending"
+    assert "not journaled yet" in journal["message"]
+
+    reachable["address"] = f"{c.server.host}:{c.server.port}"  # the replica is back
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 20
+    while api["obj"]["status"]["resolution"]["journal"]["state"] != "Journaled":
+        assert loop.time() < deadline, api["obj"]["status"]["resolution"]
+        await asyncio.sleep(0.02)
+    page = await (await c.get("/jobs/ns%2Flate/events", headers=AUTH)).json()
+    assert [e["event"] for e in page["events"]].count("resolution") == 1

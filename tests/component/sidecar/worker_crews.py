@@ -1,0 +1,109 @@
+"""A crews registry (``worker_crews:CREWS``) for the worker tests, shipped the way users ship
+crews in their own image. Each crew leaves evidence in the file named by
+``CREWFENCE_TEST_EFFECTS_LOG`` (one line per effect: ``<kind> <pid> <tag>``), written with
+O_APPEND by whatever process runs the job, so a test in another process can count effects.
+
+- ``stuck``: three tasks; every model call is logged, then blocks for :data:`STUCK_SECONDS`
+  ignoring any cancel signal of crewfence's own (like a hosted model's socket read).
+- ``spin``: the model asks for the ``spin`` tool, which loops forever in pure Python and logs
+  a line every :data:`SPIN_LOG_EVERY` iterations (a job stuck in a tight tool loop).
+- ``segfault``: the model call dereferences NULL (a native extension fault).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+from typing import Any
+
+from crewai import Agent, Crew, Task
+from crewai.llms.base_llm import BaseLLM
+from crewai.tools import BaseTool
+from crewfence_sidecar.offline_llm import OfflineLLM, prompt_text
+
+STUCK_SECONDS = 1.0
+SPIN_LOG_EVERY = 100_000
+
+
+def effect(kind: str, tag: str = "") -> None:
+    path = os.environ.get("CREWFENCE_TEST_EFFECTS_LOG")
+    if not path:
+        return
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, f"{kind} {os.getpid()} {tag}\n".encode())
+    finally:
+        os.close(fd)
+
+
+def _tag(messages: Any) -> str:
+    text = prompt_text(messages)
+    marker = "TAG-"
+    at = text.find(marker)
+    return text[at:at + 24].split()[0] if at >= 0 else ""
+
+
+class StuckLLM(OfflineLLM):
+    def call(self, messages: Any, *args: Any, **kwargs: Any) -> Any:
+        effect("llm", _tag(messages))
+        time.sleep(STUCK_SECONDS)
+        return super().call(messages, *args, **kwargs)
+
+    async def acall(self, messages: Any, *args: Any, **kwargs: Any) -> Any:
+        return self.call(messages, *args, **kwargs)
+
+
+class SpinTool(BaseTool):
+    name: str = "spin"
+    description: str = "Spins forever."
+
+    def _run(self, **kwargs: Any) -> str:
+        n = 0
+        while True:
+            n += 1
+            if n % SPIN_LOG_EVERY == 0:
+                effect("tool")
+
+
+class ToolLoopLLM(BaseLLM):
+    def __init__(self, **data: Any) -> None:
+        super().__init__(model="test/tool-loop", **data)
+
+    def supports_function_calling(self) -> bool:
+        return False
+
+    def call(self, messages: Any, *args: Any, **kwargs: Any) -> Any:
+        effect("llm", _tag(messages))
+        return "Thought: I must spin.\nAction: spin\nAction Input: {}"
+
+    async def acall(self, messages: Any, *args: Any, **kwargs: Any) -> Any:
+        return self.call(messages, *args, **kwargs)
+
+
+class SegfaultLLM(BaseLLM):
+    def __init__(self, **data: Any) -> None:
+        super().__init__(model="test/segfault", **data)
+
+    def call(self, messages: Any, *args: Any, **kwargs: Any) -> Any:
+        effect("llm", _tag(messages))
+        ctypes.string_at(0)  # SIGSEGV
+        return "unreachable"
+
+    async def acall(self, messages: Any, *args: Any, **kwargs: Any) -> Any:
+        return self.call(messages, *args, **kwargs)
+
+
+def _crew(llm: BaseLLM, tasks: int = 1, tools: list[BaseTool] | None = None) -> Crew:
+    agent = Agent(role="Worker", goal="Work on {topic}", backstory="Diligent.", llm=llm,
+                  tools=tools or [], max_iter=3)
+    return Crew(agents=[agent], tasks=[
+        Task(description=f"Step {i} on {{topic}}", expected_output="Notes", agent=agent)
+        for i in range(tasks)])
+
+
+CREWS = {
+    "stuck": lambda: _crew(StuckLLM(), tasks=3),
+    "spin": lambda: _crew(ToolLoopLLM(), tools=[SpinTool()]),
+    "segfault": lambda: _crew(SegfaultLLM()),
+}

@@ -1,0 +1,39 @@
+"""Running ``kubectl crewfence`` the way a user does: kubectl finds ``kubectl-crewfence`` on
+the PATH (shared by the resolution e2e tests and the demo)."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+from harness.handles import Cluster
+
+
+def plugin_dir(tmp: Path) -> Path:
+    """A PATH folder holding ``kubectl-crewfence``: the installed console script when the venv
+    has it, else a shim running the same module (the entry point is the same function)."""
+    installed = Path(sys.executable).with_name("kubectl-crewfence")
+    folder = tmp / "plugin-bin"
+    folder.mkdir(parents=True, exist_ok=True)
+    shim = folder / "kubectl-crewfence"
+    if shim.exists() or shim.is_symlink():
+        shim.unlink()
+    if installed.exists():
+        shim.symlink_to(installed)
+    else:
+        shim.write_text(f"#!/bin/sh\nexec {sys.executable} -m crewfence_operator.kubectl_plugin"
+                        ' "$@"\n')
+        shim.chmod(shim.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return folder
+
+
+def kubectl_plugin(cluster: Cluster, folder: Path,
+                   *args: str) -> subprocess.CompletedProcess[str]:
+    """``kubectl crewfence ...`` through kubectl's own plugin lookup on the PATH."""
+    env = dict(os.environ, KUBECONFIG=str(cluster.kubeconfig),
+               PATH=f"{folder}{os.pathsep}{os.environ.get('PATH', '')}")
+    return subprocess.run([str(cluster.kube_bin / "kubectl"), "crewfence", *args],
+                          capture_output=True, text=True, timeout=120, env=env)

@@ -1,0 +1,179 @@
+"""Operator <-> sidecar over mutual TLS on the real control plane (operator setting
+``CREWFENCE_OPERATOR_SIDECAR_TLS=1``): every CrewJob example over HTTPS with a per-Crew CA,
+credentials as files only, and who is refused at the sidecar.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import socket
+import ssl
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from crewfence_operator import certs
+from crewfence_operator.crew import tls as crew_tls
+from crewjob_support import (
+    EXAMPLES,
+    apply_file,
+    crew_token,
+    crewjob_namespace,
+    wait_crew_ready,
+    wait_phase,
+)
+from cryptography import x509
+from harness.handles import Cluster, Operator
+
+TLS_ENV = {"CREWFENCE_OPERATOR_SIDECAR_TLS": "1"}
+EXPECTED = {
+    "crewjob-run.yaml": "Succeeded",
+    "crewjob-batch-run.yaml": "Succeeded",
+    "crewjob-knowledge-query.yaml": "Succeeded",
+    "crewjob-test.yaml": "Succeeded",
+    "crewjob-train.yaml": "Succeeded",
+    "crewjob-memory-reset.yaml": "Succeeded",
+    "crewjob-replay.yaml": "Failed",  # names a placeholder task id (see the file)
+}
+
+
+@pytest.fixture(scope="module")
+def mtls_ns(cluster: Cluster) -> Iterator[str]:
+    with crewjob_namespace(cluster, "e2e-mtls") as name:
+        yield name
+
+
+@pytest.fixture(scope="module")
+def research(cluster: Cluster, pod_runner: Any, _operators: list[Operator],
+             mtls_ns: str) -> Iterator[str]:
+    for other in _operators:  # one operator at a time
+        other.stop()
+    _operators.clear()
+    with _tls_operator(cluster):
+        apply_file(cluster, EXAMPLES / "crew-research.yaml", mtls_ns)
+        wait_crew_ready(cluster, mtls_ns, "research", 2)
+        yield mtls_ns
+
+
+class _tls_operator:
+    def __init__(self, cluster: Cluster) -> None:
+        from harness import controlplane
+        from harness.operator_launch import OperatorLaunch
+
+        controlplane.install_crds(cluster.info)
+        self.op = Operator(cluster, OperatorLaunch.for_cluster(
+            str(cluster.kubeconfig), cluster.state_dir, extra_env=TLS_ENV), None)
+
+    def __enter__(self) -> Operator:
+        self.op.start()
+        return self.op
+
+    def __exit__(self, *exc: object) -> None:
+        self.op.stop()
+
+
+def _secret_bytes(cluster: Cluster, ns: str, name: str, key: str) -> bytes:
+    secret = cluster.get_json("secret", name, "-n", ns)
+    return base64.b64decode(secret["data"][key])
+
+
+def _address(cluster: Cluster, ns: str, ordinal: int) -> str:
+    crew = cluster.get_json("crew", "research", "-n", ns)
+    rep = next(r for r in crew["status"]["replicas"] if r["ordinal"] == ordinal)
+    return str(rep["address"])
+
+
+def _context(ca_pem: bytes, client: certs.Issued | None, tmp: Path) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cadata=ca_pem.decode())
+    if client is not None:
+        tmp.mkdir(parents=True, exist_ok=True)
+        (tmp / "c.crt").write_bytes(client.cert_pem)
+        certs.write_private(tmp / "c.key", client.key_pem)
+        ctx.load_cert_chain(tmp / "c.crt", tmp / "c.key")
+    return ctx
+
+
+def _get(address: str, path: str, token: str, ctx: ssl.SSLContext,
+         server_name: str) -> tuple[int, str]:
+    """HTTPS GET to the replica's IP, verifying the certificate for ``server_name``."""
+    host, _, port = address.rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=15) as raw, \
+            ctx.wrap_socket(raw, server_hostname=server_name) as tls:
+        tls.sendall(f"GET {path} HTTP/1.1\r\nHost: {server_name}\r\n"
+                    f"Authorization: Bearer {token}\r\nConnection: close\r\n\r\n".encode())
+        data = b""
+        while chunk := tls.recv(65536):
+            data += chunk
+    if not data:  # TLS 1.3: a refused client certificate shows as a closed connection
+        raise ConnectionError("the connection closed without an HTTP answer")
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body.decode(errors="replace")
+
+
+@pytest.mark.parametrize("example", sorted(EXPECTED))
+def test_every_operation_runs_over_mutual_tls(cluster: Cluster, research: str,
+                                              example: str) -> None:
+    ns = research
+    apply_file(cluster, EXAMPLES / example, ns)
+    name = example.removesuffix(".yaml")
+    status = wait_phase(cluster, ns, name, timeout=600)["status"]
+    assert status["phase"] == EXPECTED[example], json.dumps(status)
+    assert status["uncertainOutcome"] is False
+
+
+def test_pods_carry_no_secret_in_their_environment(cluster: Cluster, research: str) -> None:
+    ns = research
+    for ordinal in (0, 1):
+        pod = cluster.get_json("pod", f"research-{ordinal}", "-n", ns)
+        (container,) = pod["spec"]["containers"]
+        env = container["env"]
+        names = {e["name"] for e in env}
+        assert "CREWFENCE_TOKEN" not in names
+        assert not any("secretKeyRef" in (e.get("valueFrom") or {}) for e in env)
+        assert {"CREWFENCE_TOKEN_FILE", "CREWFENCE_TLS_CERT_FILE", "CREWFENCE_TLS_KEY_FILE",
+                "CREWFENCE_TLS_CLIENT_CA_FILE"} <= names
+        assert container["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+        secret = cluster.get_json("secret", f"research-{ordinal}-crewfence-tls", "-n", ns)
+        cert = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        assert f"research-{ordinal}.research.{ns}.svc" in san.get_values_for_type(x509.DNSName)
+        owner = secret["metadata"]["ownerReferences"][0]
+        assert owner["kind"] == "Crew" and owner["name"] == "research"
+
+
+def test_who_the_sidecar_refuses(cluster: Cluster, research: str, tmp_path: Path) -> None:
+    ns = research
+    token = crew_token(cluster, ns, "research")
+    address = _address(cluster, ns, 0)
+    name0 = f"research-0.research.{ns}.svc"
+    ca_pem = _secret_bytes(cluster, ns, "research-crewfence-ca", "ca.crt")
+    ca = crew_tls.ca_from_secret(cluster.get_json("secret", "research-crewfence-ca", "-n", ns))
+    assert ca is not None
+    own_client = crew_tls.issue_operator_client(ca)
+
+    # The operator's kind of client: the Crew CA's client certificate and the token.
+    status, _ = _get(address, "/jobs/nothing-here", token,
+                     _context(ca_pem, own_client, tmp_path / "own"), name0)
+    assert status == 404
+    # The token alone (a leaked Secret): 401 before anything else is looked at.
+    status, body = _get(address, "/jobs/nothing-here", token, _context(ca_pem, None, tmp_path),
+                        name0)
+    assert status == 401 and "client_certificate_required" in body
+    # /health and /metrics stay open for probes and scraping, and say nothing secret.
+    status, body = _get(address, "/health", "", _context(ca_pem, None, tmp_path), name0)
+    assert status == 200 and token not in body
+    # A client certificate of another Crew's CA: refused by the handshake.
+    foreign = crew_tls.issue_operator_client(certs.new_ca("crewfence other/other"))
+    with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
+        _get(address, "/jobs/nothing-here", token,
+             _context(ca_pem, foreign, tmp_path / "foreign"), name0)
+    # The operator checks the replica's name: replica 1's certificate does not pass for 0.
+    with pytest.raises(ssl.SSLCertVerificationError):
+        _get(_address(cluster, ns, 1), "/health", "", _context(ca_pem, None, tmp_path), name0)
+    # Plain HTTP gets nothing.
+    with pytest.raises((urllib.error.URLError, ConnectionError, OSError)):
+        urllib.request.urlopen(f"http://{address}/health", timeout=10)

@@ -1,0 +1,75 @@
+"""The cluster side of the CrewJob driver for component tests: one Crew, CrewJob statuses
+(merge-patched like the API server does), ConfigMaps and Warning events, all in memory.
+
+The sidecars the driver talks to are real HTTP servers (``faulty_sidecar.py``); only the
+Kubernetes API is replaced here (the e2e tests use the real one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from crewfence_operator.handlers.crewjob import merge_status
+
+
+@dataclass
+class FakeCluster:
+    crew: dict[str, Any] | None = None
+    token: str | None = "test-token"
+    statuses: dict[str, dict[str, Any]] = field(default_factory=dict)
+    patches: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    configmaps: dict[str, Mapping[str, Any]] = field(default_factory=dict)
+    warnings: list[tuple[str, str]] = field(default_factory=list)
+
+    async def read_crew(self, namespace: str, crew: str) -> tuple[Mapping[str, Any] | None,
+                                                                  str | None]:
+        return self.crew, self.token if self.crew is not None else None
+
+    async def patch_status(self, namespace: str, name: str,
+                           patch: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        self.patches.append((name, dict(patch)))
+        self.statuses[name] = merge_status(self.statuses.get(name, {}), patch)
+        return self.statuses[name]
+
+    async def create_configmap(self, body: Mapping[str, Any]) -> None:
+        self.configmaps.setdefault(body["metadata"]["name"], body)
+
+    async def endpoint_options(self, namespace: str, crew: str,
+                               ordinal: int) -> dict[str, Any]:
+        return {}  # plain HTTP: the double speaks no TLS
+
+    def warn(self, body: Mapping[str, Any], reason: str, message: str) -> None:
+        self.warnings.append((reason, message))
+
+
+def replica_entry(ordinal: int, address: str | None, journal_id: str | None, *,
+                  ready: bool = True, state: str | None = None) -> dict[str, Any]:
+    entry: dict[str, Any] = {"ordinal": ordinal, "pod": f"research-{ordinal}",
+                             "claim": f"state-research-{ordinal}", "ready": ready,
+                             "fenced": False}
+    if address:
+        entry["address"] = address
+    if journal_id:
+        entry["journalId"] = journal_id
+    if state:
+        entry["state"] = state
+    return entry
+
+
+def crew_obj(*entries: dict[str, Any], desired: int | None = None,
+             retained: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {"metadata": {"name": "research", "namespace": "team-a"},
+            "spec": {"replicas": desired if desired is not None else len(entries)},
+            "status": {"replicas": list(entries), "retainedClaims": retained or []}}
+
+
+def crewjob_body(name: str = "job-1", *, cancel: bool = False, policy: str = "Cancel",
+                 uid: str | None = None, status: dict[str, Any] | None = None,
+                 ) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": "team-a", "uid": uid or f"uid-{name}",
+                         "generation": 1},
+            "spec": {"crewRef": {"name": "research"}, "operation": "run",
+                     "input": {"topic": "x"}, "cancel": cancel, "deletionPolicy": policy},
+            "status": status or {}}

@@ -1,0 +1,89 @@
+"""The per-Crew CA and its certificates: renewal decisions, Secret round trips, no key leaks."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from crewfence_operator import certs
+from crewfence_operator.crew import tls as crew_tls
+from crewfence_operator.crew.identity import CrewRef
+from cryptography import x509
+
+CREW = CrewRef(name="research", namespace="team-a", uid="uid-1")
+NOW = dt.datetime.now(dt.UTC)
+
+
+@pytest.fixture(scope="module")
+def ca() -> certs.Issued:
+    return crew_tls.new_crew_ca(CREW)
+
+
+def test_replica_names() -> None:
+    assert crew_tls.replica_dns_name(CREW, 1) == "research-1.research.team-a.svc"
+    assert crew_tls.replica_hosts(CREW, 0, "10.0.0.7") == ["research-0.research.team-a.svc",
+                                                           "10.0.0.7"]
+    assert crew_tls.replica_hosts(CREW, 0, None) == ["research-0.research.team-a.svc"]
+
+
+def test_serving_certificate_carries_the_names_and_is_fresh(ca: certs.Issued) -> None:
+    hosts = crew_tls.replica_hosts(CREW, 0, "10.0.0.7")
+    leaf = crew_tls.issue_serving(ca, hosts)
+    assert crew_tls.renewal_reason(leaf.cert, ca, hosts, NOW) is None
+    san = leaf.cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert san.get_values_for_type(x509.DNSName) == ["research-0.research.team-a.svc"]
+    assert [str(ip) for ip in san.get_values_for_type(x509.IPAddress)] == ["10.0.0.7"]
+    assert not crew_tls.is_client_certificate(leaf.cert)
+    assert crew_tls.is_client_certificate(crew_tls.issue_operator_client(ca).cert)
+
+
+def test_renewal_reasons(ca: certs.Issued) -> None:
+    hosts = crew_tls.replica_hosts(CREW, 0, None)
+    leaf = crew_tls.issue_serving(ca, hosts)
+    assert crew_tls.renewal_reason(None, ca, hosts, NOW) == "missing"
+    # The pod got its IP: the certificate must name it too.
+    assert crew_tls.renewal_reason(leaf.cert, ca, [*hosts, "10.0.0.7"], NOW) == "hosts"
+    # Two thirds of 90 days later: renewed before expiry, not at it.
+    assert crew_tls.renewal_reason(leaf.cert, ca, hosts, NOW + dt.timedelta(days=59)) is None
+    assert crew_tls.renewal_reason(leaf.cert, ca, hosts,
+                                   NOW + dt.timedelta(days=61)) == "expiring"
+    assert crew_tls.renewal_reason(leaf.cert, ca, hosts,
+                                   NOW + dt.timedelta(days=200)) == "expiring"
+    other = crew_tls.new_crew_ca(CrewRef(name="research", namespace="team-b", uid="u"))
+    assert crew_tls.renewal_reason(leaf.cert, other, hosts, NOW) == "issuer"
+    # Same subject, other key (a re-created CA): the signature decides.
+    twin = certs.new_ca(ca.cert.subject.rfc4514_string().removeprefix("CN="))
+    assert twin.cert.subject == ca.cert.subject
+    assert crew_tls.renewal_reason(leaf.cert, twin, hosts, NOW) == "issuer"
+
+
+def test_ca_renewal(ca: certs.Issued) -> None:
+    assert crew_tls.ca_renewal_reason(None, NOW) == "missing"
+    assert crew_tls.ca_renewal_reason(ca, NOW) is None
+    assert crew_tls.ca_renewal_reason(ca, NOW + dt.timedelta(days=2500)) == "expiring"
+
+
+def test_secrets_round_trip_and_keep_keys_out_of_reprs(ca: certs.Issued) -> None:
+    secret = crew_tls.ca_secret(CREW, ca)
+    assert secret["metadata"]["name"] == "research-crewfence-ca"
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    again = crew_tls.ca_from_secret(secret)
+    assert again is not None and again.cert == ca.cert and again.key_pem == ca.key_pem
+    assert crew_tls.ca_from_secret(None) is None
+    assert crew_tls.ca_from_secret({"data": {"ca.crt": "not base64!"}}) is None
+
+    leaf = crew_tls.issue_serving(ca, crew_tls.replica_hosts(CREW, 2, None))
+    replica = crew_tls.replica_tls_secret(CREW, 2, ca, leaf)
+    assert replica["metadata"]["name"] == "research-2-crewfence-tls"
+    assert replica["type"] == "kubernetes.io/tls"
+    assert set(replica["data"]) == {"tls.crt", "tls.key", "ca.crt"}
+    assert crew_tls.cert_from_secret(replica) == leaf.cert
+    for issued in (ca, leaf):
+        assert "PRIVATE" not in repr(issued)
+
+
+def test_client_context_is_cached_per_ca_and_renewed(ca: certs.Issued) -> None:
+    material = crew_tls.CrewClientTLS.for_ca(ca)
+    assert material.still_good(ca, NOW)
+    assert not material.still_good(ca, NOW + dt.timedelta(days=61))
+    assert not material.still_good(crew_tls.new_crew_ca(CREW), NOW)
