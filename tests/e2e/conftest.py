@@ -8,6 +8,10 @@
   to run it with that ServiceAccount's real token so RBAC is exercised.
 - `namespace`: a fresh namespace per test, deleted afterwards.
 
+Under pytest-xdist (`scripts/test.sh` runs `-n 2 --dist loadfile`) every worker is its own
+session with its own control plane in `.e2e/pytest-<pid>-<worker>/`; nothing in a cluster is
+shared with another one (random ports, a flock-claimed 127.0.x.0/24 per pod runner).
+
 Binaries missing: the tests skip with the reason locally and FAIL when `CI` is set. Set
 CREWFENCE_E2E_BUILD=1 to build them from a test run; CREWFENCE_E2E_STATE_DIR=<dir> reuses a
 cluster started with `python tests/e2e/cluster.py up --state-dir <dir>` (left running).
@@ -17,7 +21,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import sys
 import uuid
 from collections.abc import Callable, Iterator
@@ -28,12 +31,12 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import build, controlplane, procs
+from harness import build, controlplane, procs, sessions
 from harness.handles import Cluster, Operator, PodRunner
 from harness.operator_launch import OperatorLaunch
 
 E2E_ROOT = Path(__file__).resolve().parent
-KEEP_STATE_DIRS = 3
+KEEP_STATE_DIRS = 6  # three runs of two xdist workers
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -79,18 +82,16 @@ def _binaries() -> Path:
     )
 
 
-def _prune_old_state_dirs(root: Path) -> None:
-    """Keep the newest few stopped runs (their logs explain failures), drop older ones."""
-    runs = sorted(root.glob("pytest-*"), key=lambda p: p.stat().st_mtime, reverse=True)
-    for old in runs[KEEP_STATE_DIRS:]:
-        if not controlplane.running_records(old):
-            shutil.rmtree(old, ignore_errors=True)
-
-
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
     reuse = os.environ.get("CREWFENCE_E2E_STATE_DIR")
     if reuse:
+        if os.environ.get("PYTEST_XDIST_WORKER"):
+            # Two workers would start and stop one operator under each other's feet.
+            pytest.fail(
+                "CREWFENCE_E2E_STATE_DIR names one cluster: run without xdist (-n 0)",
+                pytrace=False,
+            )
         info = controlplane.load(Path(reuse))
         if info is None or not controlplane.is_running(Path(reuse)):
             pytest.fail(f"CREWFENCE_E2E_STATE_DIR={reuse} names no running cluster", pytrace=False)
@@ -99,8 +100,8 @@ def cluster() -> Iterator[Cluster]:
     kube_bin = _binaries()
     root = controlplane.REPO / ".e2e"
     root.mkdir(exist_ok=True)
-    _prune_old_state_dirs(root)
-    state_dir = root / f"pytest-{os.getpid()}"
+    sessions.prune(root, KEEP_STATE_DIRS)
+    state_dir = root / sessions.state_dir_name()
     info = controlplane.up(state_dir, kube_bin, pod_runner=True)
     print(f"\ne2e cluster: {info.env_lines} (state and logs in {state_dir})")
     try:

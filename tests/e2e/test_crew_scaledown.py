@@ -25,6 +25,7 @@ from crewjob_support import (
     crewjob_manifest,
     get_job,
     llm_calls,
+    metric_total,
     research_crew,
     sidecar_get,
     wait_crew_ready,
@@ -49,6 +50,21 @@ def _http(address: str, method: str, path: str, token: str, body: Any = None,
     except urllib.error.HTTPError as exc:
         raw, status, got = exc.read(), exc.code, dict(exc.headers)
     return int(status), got, (json.loads(raw) if raw.startswith(b"{") else raw.decode())
+
+
+def _admissions(cluster: Cluster, ns: str) -> dict[int, float]:
+    """New admissions per listed replica (``crewfence_sidecar_admissions_total``): an exact
+    repeat does not count, a second run would. (The offline-LLM call counter is per process and
+    jobs may run in worker processes, so it alone cannot prove that nothing ran.)"""
+    token = crew_token(cluster, ns, CREW)
+    out: dict[int, float] = {}
+    for rep in crew_replicas(cluster, ns, CREW):
+        if rep.get("address"):
+            status, text = sidecar_get(rep["address"], "/metrics", token)
+            if status == 200:
+                out[int(rep["ordinal"])] = metric_total(text,
+                                                        "crewfence_sidecar_admissions_total")
+    return out
 
 
 def _name_on(ns: str, ordinal: int, prefix: str) -> str:
@@ -118,7 +134,8 @@ def test_reapplied_crewjob_finds_its_action_on_the_draining_replica(
     job, first = _run_on(cluster, namespace, 1, "again")
     name = job["metadata"]["name"]
     calls_before = llm_calls(cluster, namespace, CREW)
-    assert calls_before.get(1), "the job ran on replica 1"
+    admitted_before = _admissions(cluster, namespace)
+    assert admitted_before == {0: 0.0, 1: 1.0}, admitted_before
 
     _scale(cluster, namespace, 1)
     entry = _wait_draining(cluster, namespace, 1)
@@ -148,6 +165,7 @@ def test_reapplied_crewjob_finds_its_action_on_the_draining_replica(
     assert second["finishedAt"] == first["finishedAt"]
     assert second["assignment"]["pod"] == f"{CREW}-1"
     assert llm_calls(cluster, namespace, CREW) == calls_before, "nothing ran again"
+    assert _admissions(cluster, namespace) == admitted_before, "nothing was admitted again"
 
 
 def test_slow_job_on_the_replica_scaled_away_finishes(
@@ -176,12 +194,18 @@ def test_bulk_archive_tombstones_then_the_drained_replica_goes_and_its_claim_sta
     cluster: Cluster, operator_process: Operator, namespace: str
 ) -> None:
     assert apply_obj(cluster, research_crew(2), namespace).returncode == 0
-    wait_crew_ready(cluster, namespace, CREW, 2)
-    job, _ = _run_on(cluster, namespace, 1, "archived")
-    action = f"{namespace}/{job['metadata']['name']}"
+    replicas = {r["ordinal"]: r for r in wait_crew_ready(cluster, namespace, CREW, 2)}
+    token = crew_token(cluster, namespace, CREW)
+    # A record made straight on replica 1, so the test knows the exact request to repeat.
+    action = "bulk-archive-1"
+    request = {"crew_id": CREW, "action_id": action, "operation": "run",
+               "input": {"topic": "tombstones"}}
+    made, _, record = _http(replicas[1]["address"], "POST", "/jobs", token, request,
+                            {"Idempotency-Key": action})
+    assert made == 200, record
     _scale(cluster, namespace, 1)
     entry = _wait_draining(cluster, namespace, 1)
-    token = crew_token(cluster, namespace, CREW)
+    assert entry["unarchivedRecords"] == 1
 
     refused, _, _ = _http(entry["address"], "POST", "/admin/archive", token,
                           {"older_than_seconds": 0})
@@ -192,11 +216,9 @@ def test_bulk_archive_tombstones_then_the_drained_replica_goes_and_its_claim_sta
     assert status == 200 and body["archived"] == [action] and body["count"] == 1, body
     # Tombstones: a lookup and an identical request both answer 410, nothing runs.
     assert sidecar_get(entry["address"], f"/jobs/{quote(action, safe='')}", token)[0] == 410
-    repeat = job["spec"]
-    gone, _, _ = _http(entry["address"], "POST", "/jobs", token,
-                       {"crew_id": CREW, "action_id": action, "operation": "run",
-                        "input": repeat["input"]}, {"Idempotency-Key": action})
-    assert gone in (410, 503)  # a draining sidecar may refuse before looking
+    gone, _, _ = _http(entry["address"], "POST", "/jobs", token, request,
+                       {"Idempotency-Key": action})
+    assert gone == 410
 
     def removed() -> bool:
         listed = [r["ordinal"] for r in crew_replicas(cluster, namespace, CREW)]

@@ -13,7 +13,6 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from crewfence_operator import certs
@@ -27,7 +26,7 @@ from crewjob_support import (
     wait_phase,
 )
 from cryptography import x509
-from harness.handles import Cluster, Operator
+from harness.handles import Cluster, Operator, PodRunner
 
 TLS_ENV = {"CREWFENCE_OPERATOR_SIDECAR_TLS": "1"}
 EXPECTED = {
@@ -47,18 +46,6 @@ def mtls_ns(cluster: Cluster) -> Iterator[str]:
         yield name
 
 
-@pytest.fixture(scope="module")
-def research(cluster: Cluster, pod_runner: Any, _operators: list[Operator],
-             mtls_ns: str) -> Iterator[str]:
-    for other in _operators:  # one operator at a time
-        other.stop()
-    _operators.clear()
-    with _tls_operator(cluster):
-        apply_file(cluster, EXAMPLES / "crew-research.yaml", mtls_ns)
-        wait_crew_ready(cluster, mtls_ns, "research", 2)
-        yield mtls_ns
-
-
 class _tls_operator:
     def __init__(self, cluster: Cluster) -> None:
         from harness import controlplane
@@ -74,6 +61,25 @@ class _tls_operator:
 
     def __exit__(self, *exc: object) -> None:
         self.op.stop()
+
+
+@pytest.fixture(scope="module")
+def tls_op(cluster: Cluster, pod_runner: PodRunner,
+           _operators: list[Operator]) -> Iterator[Operator]:
+    """The operator with sidecar TLS on, for this module only (one operator at a time; the
+    next test's ``operator_process`` starts the default one again)."""
+    for other in _operators:
+        other.stop()
+    _operators.clear()
+    with _tls_operator(cluster) as op:
+        yield op
+
+
+@pytest.fixture(scope="module")
+def research(cluster: Cluster, tls_op: Operator, mtls_ns: str) -> str:
+    apply_file(cluster, EXAMPLES / "crew-research.yaml", mtls_ns)
+    wait_crew_ready(cluster, mtls_ns, "research", 2)
+    return mtls_ns
 
 
 def _secret_bytes(cluster: Cluster, ns: str, name: str, key: str) -> bytes:
@@ -177,3 +183,102 @@ def test_who_the_sidecar_refuses(cluster: Cluster, research: str, tmp_path: Path
     # Plain HTTP gets nothing.
     with pytest.raises((urllib.error.URLError, ConnectionError, OSError)):
         urllib.request.urlopen(f"http://{address}/health", timeout=10)
+
+
+class OpenAIFixture:
+    """A loopback OpenAI-compatible chat endpoint that records the credentials it is sent."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        seen: list[str] = []
+        self.authorizations = seen
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(length) or b"{}")
+                seen.append(self.headers.get("Authorization") or "")
+                text = ("Thought: I now know the final answer\n"
+                        "Final Answer: Bees make honey from nectar.")
+                base = {"id": "chatcmpl-e2e", "created": 0,
+                        "model": body.get("model", "gpt-4o-mini")}
+                usage = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+                if body.get("stream"):
+                    chunks = [
+                        {**base, "object": "chat.completion.chunk", "choices": [{
+                            "index": 0, "finish_reason": None,
+                            "delta": {"role": "assistant", "content": text}}]},
+                        {**base, "object": "chat.completion.chunk", "choices": [{
+                            "index": 0, "finish_reason": "stop", "delta": {}}]},
+                        {**base, "object": "chat.completion.chunk", "choices": [],
+                         "usage": usage},
+                    ]
+                    answer = b"".join(b"data: " + json.dumps(c).encode() + b"\n\n"
+                                      for c in chunks) + b"data: [DONE]\n\n"
+                    content_type = "text/event-stream"
+                else:
+                    answer = json.dumps({**base, "object": "chat.completion", "usage": usage,
+                                         "choices": [{"index": 0, "finish_reason": "stop",
+                                                      "message": {"role": "assistant",
+                                                                  "content": text}}]}).encode()
+                    content_type = "application/json"
+                self.send_response(200)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_llm_api_key_reaches_the_model_only_as_a_file(
+        cluster: Cluster, tls_op: Operator, pod_runner: PodRunner, mtls_ns: str) -> None:
+    import uuid
+
+    from crewjob_support import apply_obj, crewjob_manifest, events_for, research_crew
+
+    ns, key = mtls_ns, f"sk-e2e-{uuid.uuid4().hex}"
+    fixture = OpenAIFixture()
+    try:
+        secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "llm-key"},
+                  "type": "Opaque", "data": {"apiKey": base64.b64encode(key.encode()).decode()}}
+        assert apply_obj(cluster, secret, ns).returncode == 0
+        crew = research_crew(1)
+        crew["metadata"]["name"] = "hosted"
+        crew["spec"]["operations"] = ["run"]
+        crew["spec"]["llm"] = {"model": "openai/gpt-4o-mini",
+                               "baseUrl": f"http://127.0.0.1:{fixture.port}/v1",
+                               "apiKeySecretRef": {"name": "llm-key", "key": "apiKey"}}
+        assert apply_obj(cluster, crew, ns).returncode == 0
+        wait_crew_ready(cluster, ns, "hosted", 1)
+        job = crewjob_manifest("hosted-run", "run", {"topic": "bees"}, crew="hosted")
+        assert apply_obj(cluster, job, ns).returncode == 0
+        obj = wait_phase(cluster, ns, "hosted-run", timeout=300)
+        assert obj["status"]["phase"] == "Succeeded", json.dumps(obj["status"])
+    finally:
+        fixture.close()
+    # The model saw exactly the Secret's key as its bearer credential, on every call.
+    assert fixture.authorizations and set(fixture.authorizations) == {f"Bearer {key}"}
+    # ... and the key is nowhere else: pod spec, process environment, logs, status, Events.
+    pod = cluster.get_json("pod", "hosted-0", "-n", ns)
+    assert key not in json.dumps(pod)
+    pid = pod_runner.pid(ns, "hosted-0")
+    assert pid is not None
+    assert key.encode() not in Path(f"/proc/{pid}/environ").read_bytes()
+    assert key not in pod_runner.logs(ns, "hosted-0")
+    assert key not in json.dumps(cluster.get_json("crewjob", "hosted-run", "-n", ns))
+    assert key not in json.dumps(cluster.get_json("crew", "hosted", "-n", ns))
+    assert key not in json.dumps(events_for(cluster, ns, "hosted-run"))
+    assert key not in tls_op.logs()

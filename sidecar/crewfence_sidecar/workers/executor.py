@@ -19,7 +19,7 @@ import asyncio
 import signal
 from collections import deque
 from collections.abc import Awaitable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from crewfence_sidecar.journal import utc_now
@@ -61,6 +61,8 @@ class WorkerStats:
     """Start latencies (fork to first instruction of the job), for the benchmark."""
 
     start_ns: list[int]
+    job_cpu_seconds: list[float] = field(default_factory=list)
+    """CPU time of each reaped worker that ran a job (a spare's includes its warm-up)."""
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.start_ns)
@@ -155,6 +157,8 @@ class WorkerExecutor:
                                "operation": ctx.operation, "input": ctx.input})
             outcome = await self._follow(handle, ctx)
             exit_status = await asyncio.shield(handle.exited)
+            if exit_status.cpu_seconds is not None:
+                self.stats.job_cpu_seconds.append(exit_status.cpu_seconds)
         except asyncio.CancelledError:
             report = await _uncancellable(self._stop(handle))
             if report is not None and ctx.on_stopped is not None:

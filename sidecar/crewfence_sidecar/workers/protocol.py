@@ -110,6 +110,9 @@ class ExitStatus:
     signal: int | None = None
     detail: str | None = None
     """Set when no wait status exists (e.g. the template itself is gone)."""
+    cpu_seconds: float | None = None
+    """User + system CPU time of the worker (and its reaped children), from wait4."""
+    max_rss_kib: int | None = None
 
     @classmethod
     def from_wait_status(cls, status: int) -> ExitStatus:
@@ -147,9 +150,13 @@ class ExitStatus:
     def from_wire(cls, raw: dict[str, Any]) -> ExitStatus:
         sig = raw.get("signal_number")
         code = raw.get("exit_code")
+        cpu = raw.get("cpu_seconds")
+        rss = raw.get("max_rss_kib")
         return cls(exit_code=int(code) if code is not None else None,
                    signal=int(sig) if sig is not None else None,
-                   detail=raw.get("detail"))
+                   detail=raw.get("detail"),
+                   cpu_seconds=float(cpu) if cpu is not None else None,
+                   max_rss_kib=int(rss) if rss is not None else None)
 
     def to_control(self) -> dict[str, Any]:
         return {"exit_code": self.exit_code, "signal_number": self.signal,

@@ -310,9 +310,13 @@ class Supervisor:
             os.waitpid(self.template_pid, 0)
 
     def close_sync(self) -> None:
-        """Without an event loop (start-up refused, tests): end and reap the template."""
+        """Without an event loop (start-up refused, tests): SIGKILL the template at once (it
+        may still be importing crewai; its workers die with it, PR_SET_PDEATHSIG) and reap
+        it, so a refused start-up exits without waiting for the import."""
         self._closing = True
         with contextlib.suppress(OSError):
             self.control.shutdown(socket.SHUT_RDWR)
         self.control.close()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.template_pid, signal.SIGKILL)
         self.wait_template()

@@ -186,7 +186,7 @@ class Template:
     def _reap(self) -> None:
         while True:
             try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
+                pid, status, usage = os.wait4(-1, os.WNOHANG)
             except ChildProcessError:
                 return
             if pid == 0:
@@ -197,8 +197,10 @@ class Template:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)  # whatever the job left in its group
             exit_status = ExitStatus.from_wait_status(status)
+            cpu = round(usage.ru_utime + usage.ru_stime, 6)
             with contextlib.suppress(OSError):
-                send_control(self.control, {"type": "exited", "pid": pid,
+                send_control(self.control, {"type": "exited", "pid": pid, "cpu_seconds": cpu,
+                                            "max_rss_kib": usage.ru_maxrss,
                                             **exit_status.to_control()})
 
     def shutdown(self) -> None:

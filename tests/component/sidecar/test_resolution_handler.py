@@ -27,6 +27,12 @@ def merge(target: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
     return target
 
 
+@pytest.fixture(autouse=True)
+async def _close_sessions() -> Any:
+    yield
+    await handler.close_sessions()
+
+
 @pytest.fixture
 def api(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     """One CrewJob object whose status the handler patches, plus the Events it posts."""

@@ -8,6 +8,7 @@ rebuilt from kmock's objects, as the operator's watch-fed kopf index would hold 
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import logging
 from collections.abc import AsyncIterator
@@ -78,7 +79,10 @@ def _pod(ordinal: int, ip: str | None) -> dict[str, Any]:
             "metadata": {"name": f"research-{ordinal}", "namespace": "team-a",
                          "labels": {"app.kubernetes.io/managed-by": "crewfence",
                                     "crewfence.dev/crew": "research",
-                                    "crewfence.dev/replica": str(ordinal)}},
+                                    "crewfence.dev/replica": str(ordinal)},
+                         "ownerReferences": [{"apiVersion": "crewfence.dev/v1alpha1",
+                                              "kind": "Crew", "name": "research",
+                                              "uid": "1111-2222", "controller": True}]},
             "spec": {"containers": [{"name": "sidecar", "image": "x"}],
                      "volumes": [{"name": "state", "persistentVolumeClaim": {
                          "claimName": f"research-state-{ordinal}"}}]},
@@ -115,6 +119,29 @@ def _index(api: kmock.KubernetesEmulator) -> dict[str, list[dict[str, Any]]]:
     return {"team-a": pods}
 
 
+def _seed(api: kmock.KubernetesEmulator, crew_ref: CrewRef, spec: dict[str, Any]) -> None:
+    """A Crew, its token Secret, claims 0 and 1, pod 0 (no address) and pod 1 (the sidecar)."""
+    api.resources["crewfence.dev/v1alpha1/crews"].namespaced = True
+    kube.custom().create_namespaced_custom_object(
+        "crewfence.dev", "v1alpha1", "team-a", "crews",
+        {"apiVersion": "crewfence.dev/v1alpha1", "kind": "Crew",
+         "metadata": {"name": "research", "namespace": "team-a", "uid": crew_ref.uid,
+                      "generation": 1},
+         "spec": spec})
+    kube.create_if_absent({"apiVersion": "v1", "kind": "Secret", "metadata": {
+        "name": "research-crewfence-token", "namespace": "team-a"},
+        "data": {"token": base64.b64encode(TOKEN.encode()).decode()}})
+    for ordinal in (0, 1):
+        kube.create_if_absent(_claim(ordinal))
+    kube.create_if_absent(_pod(0, None))
+    kube.create_if_absent(_pod(1, "127.0.0.1"))
+
+
+async def _replicas() -> dict[int, dict[str, Any]]:
+    crew = await asyncio.to_thread(kube.get_crew, "team-a", "research") or {}
+    return {r["ordinal"]: r for r in (crew.get("status") or {}).get("replicas") or []}
+
+
 async def _post(session: aiohttp.ClientSession, url: str, path: str, body: Any,
                 headers: dict[str, str] | None = None) -> tuple[int, Any]:
     async with session.post(f"{url}{path}", json=body, headers={
@@ -125,20 +152,8 @@ async def _post(session: aiohttp.ClientSession, url: str, path: str, body: Any,
 async def test_scale_down_drains_keeps_the_journal_then_retires_it(
     api: kmock.KubernetesEmulator, crew_ref: CrewRef, sidecar: Any,
 ) -> None:
-    api.resources["crewfence.dev/v1alpha1/crews"].namespaced = True
-    kube.custom().create_namespaced_custom_object(
-        "crewfence.dev", "v1alpha1", "team-a", "crews",
-        {"apiVersion": "crewfence.dev/v1alpha1", "kind": "Crew",
-         "metadata": {"name": "research", "namespace": "team-a", "uid": crew_ref.uid,
-                      "generation": 1},
-         "spec": {**SPEC, "storage": {"whenScaled": "Delete"}}})
-    kube.create_if_absent({"apiVersion": "v1", "kind": "Secret", "metadata": {
-        "name": "research-crewfence-token", "namespace": "team-a"},
-        "data": {"token": base64.b64encode(TOKEN.encode()).decode()}})
-    for ordinal in (0, 1):
-        kube.create_if_absent(_claim(ordinal))
-    kube.create_if_absent(_pod(0, None))
-    kube.create_if_absent(_pod(1, "127.0.0.1"))   # the replica above spec.replicas
+    # replica 1 is above spec.replicas
+    await asyncio.to_thread(_seed, api, crew_ref, {**SPEC, "storage": {"whenScaled": "Delete"}})
     cfg = OperatorConfig(sidecar_port=sidecar.port, health_timeout=5.0)
     state = DaemonState()
 
@@ -151,8 +166,7 @@ async def test_scale_down_drains_keeps_the_journal_then_retires_it(
         async def one_pass() -> dict[str, Any]:
             await reconcile_once(session, state, cfg, "team-a", "research", LOG,
                                  _index(api))  # type: ignore[arg-type]
-            crew = kube.get_crew("team-a", "research") or {}
-            return {r["ordinal"]: r for r in (crew.get("status") or {}).get("replicas") or []}
+            return await _replicas()
 
         async def health() -> dict[str, Any]:
             async with session.get(f"{sidecar.url}/health",
@@ -198,20 +212,7 @@ async def test_scale_down_drains_keeps_the_journal_then_retires_it(
 async def test_scaling_back_up_undrains(
     api: kmock.KubernetesEmulator, crew_ref: CrewRef, sidecar: Any,
 ) -> None:
-    api.resources["crewfence.dev/v1alpha1/crews"].namespaced = True
-    kube.custom().create_namespaced_custom_object(
-        "crewfence.dev", "v1alpha1", "team-a", "crews",
-        {"apiVersion": "crewfence.dev/v1alpha1", "kind": "Crew",
-         "metadata": {"name": "research", "namespace": "team-a", "uid": crew_ref.uid,
-                      "generation": 1},
-         "spec": {**SPEC, "replicas": 2}})
-    kube.create_if_absent({"apiVersion": "v1", "kind": "Secret", "metadata": {
-        "name": "research-crewfence-token", "namespace": "team-a"},
-        "data": {"token": base64.b64encode(TOKEN.encode()).decode()}})
-    for ordinal in (0, 1):
-        kube.create_if_absent(_claim(ordinal))
-    kube.create_if_absent(_pod(0, None))
-    kube.create_if_absent(_pod(1, "127.0.0.1"))
+    await asyncio.to_thread(_seed, api, crew_ref, {**SPEC, "replicas": 2})
     cfg = OperatorConfig(sidecar_port=sidecar.port, health_timeout=5.0)
     async with aiohttp.ClientSession() as session:
         status, _ = await _post(session, sidecar.url, "/admin/drain", {"draining": True})
@@ -221,6 +222,5 @@ async def test_scaling_back_up_undrains(
         async with session.get(f"{sidecar.url}/health",
                                headers={"Authorization": f"Bearer {TOKEN}"}) as resp:
             assert (await resp.json())["draining"] is False
-        crew = kube.get_crew("team-a", "research") or {}
-        entry = next(r for r in crew["status"]["replicas"] if r["ordinal"] == 1)
+        entry = (await _replicas())[1]
         assert entry["state"] == "Active" and entry["draining"] is False

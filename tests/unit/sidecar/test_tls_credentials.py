@@ -100,3 +100,35 @@ def test_config_refuses_plaintext_off_loopback(tmp_path: Path) -> None:
         load_config([], env)
     assert load_config([], {**env, "CREWFENCE_INSECURE_PLAINTEXT": "1"}).insecure_plaintext
     assert not load_config([], {**env, "CREWFENCE_HOST": "127.0.0.9"}).tls
+
+
+def test_llm_api_key_from_a_file_named_by_the_env_convention(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from crewfence_sidecar.offline_llm import resolve_llm
+
+    key_file = _write(tmp_path / "llm-api-key", "sk-from-file\n")
+    monkeypatch.delenv("CREWFENCE_LLM_API_KEY", raising=False)
+    monkeypatch.setenv("CREWFENCE_LLM_API_KEY_FILE", str(key_file))
+    llm = resolve_llm("openai/gpt-4o-mini", "CREWFENCE_LLM_API_KEY",
+                      base_url="http://127.0.0.1:9/v1")
+    assert llm.api_key == "sk-from-file"
+    _write(key_file, "sk-from-file\n", mode=0o644)
+    with pytest.raises(ValueError, match="must have mode 0600") as err:
+        resolve_llm("openai/gpt-4o-mini", "CREWFENCE_LLM_API_KEY")
+    assert "sk-from-file" not in str(err.value)
+    monkeypatch.delenv("CREWFENCE_LLM_API_KEY_FILE")
+    with pytest.raises(ValueError, match="is not set"):
+        resolve_llm("openai/gpt-4o-mini", "CREWFENCE_LLM_API_KEY")
+
+
+def test_declarative_llm_api_key_file(tmp_path: Path) -> None:
+    from crewfence_sidecar.declarative import DefinitionError, parse_crews_document
+
+    crew = {"agents": {"a": {"role": "R", "goal": "G", "backstory": "B"}},
+            "tasks": [{"name": "t", "agent": "a", "description": "D", "expected_output": "E"}]}
+    parsed = parse_crews_document({"crews": {"c": {**crew, "llm": {
+        "model": "openai/gpt-4o-mini", "apiKeyFile": "/etc/crewfence/credentials/k"}}}})
+    assert parsed["c"].llm.api_key_file == "/etc/crewfence/credentials/k"
+    with pytest.raises(DefinitionError, match="exclusive"):
+        parse_crews_document({"crews": {"c": {**crew, "llm": {
+            "model": "openai/gpt-4o-mini", "api_key_file": "/k", "api_key_env": "K"}}}})
