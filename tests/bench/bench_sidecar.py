@@ -287,6 +287,10 @@ async def run_benchmarks(args: argparse.Namespace, base: Path) -> dict[str, Any]
     # 6. worker start: fork to the job's first instruction, on a real template
     results.update(await bench_worker_start(crews, 20 if args.quick else 100))
 
+    # 6b. CPU time per run (load-independent): in-process vs a worker forked at admission vs
+    # a warm spare (its warm-up kickoff included)
+    results.update(await bench_cpu_per_run(crews, 5 if args.quick else 15))
+
     # 7. memory with 8 concurrent jobs: workers vs in-process (the pre-worker path)
     results.update(await bench_memory(base, crews))
     return results
@@ -321,6 +325,46 @@ async def bench_worker_start(crews: Path, n: int) -> dict[str, Any]:
     starts = [ns / 1e9 for ns in executor.stats.start_ns]
     return {"worker_start_p50": pct(starts, 50), "worker_start_p99": pct(starts, 99),
             "worker_start_n": len(starts)}
+
+
+async def bench_cpu_per_run(crews: Path, n: int) -> dict[str, Any]:
+    """Median CPU seconds of one offline ``run``: in this process (``time.process_time``
+    around ``akickoff``) and in workers (user + system time from the template's ``wait4``)."""
+    from crewfence_sidecar.crews import CrewCatalog
+    from crewfence_sidecar.runtime import JobContext
+    from crewfence_sidecar.workers.executor import WorkerExecutor
+    from crewfence_sidecar.workers.settings import TemplateSettings
+    from crewfence_sidecar.workers.supervisor import Supervisor
+
+    catalog = CrewCatalog.load(None, crews)
+    await catalog.build("research").akickoff(inputs={"topic": "warm"})
+    inproc = []
+    for i in range(n):
+        t = time.process_time()
+        await catalog.build("research").akickoff(inputs={"topic": f"cpu {i}"})
+        inproc.append(time.process_time() - t)
+
+    async def no_chunks(data: dict[str, Any]) -> None:
+        return None
+
+    supervisor = Supervisor.spawn_template(TemplateSettings(crews_file=str(crews)))
+    await asyncio.to_thread(supervisor.wait_ready)
+    supervisor.attach()
+    out: dict[str, Any] = {"cpu_inproc": statistics.median(inproc)}
+    try:
+        for name, spares in (("cpu_worker_cold", 0), ("cpu_worker_spare", 1)):
+            executor = WorkerExecutor(supervisor, max_live=4, spares=spares)
+            executor.prime()
+            for i in range(n):
+                await asyncio.sleep(0.5)  # a spare finishes its warm-up
+                await executor(JobContext(crew_id="research", action_id=f"{name}-{i}",
+                                          operation="run", input={"topic": f"cpu {i}"},
+                                          training_dir=None, emit_chunk=no_chunks))
+            await executor.close()
+            out[name] = statistics.median(executor.stats.job_cpu_seconds)
+    finally:
+        await supervisor.close()
+    return out
 
 
 def _proc_kib(pid: int, field_name: str, file: str = "status") -> int:
@@ -442,6 +486,9 @@ def report(r: dict[str, Any]) -> bool:
          f"{r['journal_bytes_10k'] / 1024 / 1024:.1f} MiB"),
         ("worker start (fork -> first instruction)", f"p50 {ms(r['worker_start_p50'])}",
          f"p99 {ms(r['worker_start_p99'])}", f"{r['worker_start_n']} forks"),
+        ("CPU per run: in-process / worker (forked at admission)",
+         f"{ms(r['cpu_inproc'])}", f"{ms(r['cpu_worker_cold'])}",
+         f"warm spare incl. its warm-up {ms(r['cpu_worker_spare'])}"),
         ("8 jobs in workers: sidecar / template RSS", f"{r['mem_sidecar_rss_kib'] / 1024:.1f} MiB",
          f"{r['mem_template_rss_kib'] / 1024:.1f} MiB",
          f"{r['mem_workers_n']} workers RSS {r['mem_workers_rss_kib'] / 1024:.1f} MiB; "

@@ -44,6 +44,7 @@ from harness.podspec import (
     container_env,
     expand,
     materialise_volume,
+    refresh_volume,
     resolve_command,
     rewrite,
 )
@@ -72,6 +73,9 @@ class Options:
     kubelet_port: int | None = None  # serve container logs to the API server (kubectl logs)
     serving_cert: Path | None = None
     serving_key: Path | None = None
+    volume_sync_seconds: float = 2.0
+    """How often mounted Secret/ConfigMap content is synced, as the kubelet does (its sync
+    period plus cache TTL is about a minute; shorter here so tests wait less)."""
 
 
 class IpPool:
@@ -196,8 +200,10 @@ class PodWorker:
     async def _run(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         updater = asyncio.create_task(self._status_loop())
+        syncer: asyncio.Task[None] | None = None
         try:
             if await self._prepare():
+                syncer = asyncio.create_task(self._volume_sync_loop())
                 self.phase = "Running"
                 self.tasks = [asyncio.create_task(self._container_loop(c)) for c in self.containers]
                 self.dirty.set()
@@ -217,6 +223,8 @@ class PodWorker:
                 await self._finalize_deletion()
             await asyncio.sleep(0)
             updater.cancel()
+            if syncer is not None:
+                syncer.cancel()
             self.runner.forget(self)
 
     async def _prepare(self) -> bool:
@@ -246,6 +254,20 @@ class PodWorker:
                 await self._wait_stop(self.runner.opts.backoff_initial)
         self.initialized = True
         return not self.stopping.is_set()
+
+    async def _volume_sync_loop(self) -> None:
+        """Keep Secret/ConfigMap/projected volumes current while the pod runs (kubelet sync)."""
+        while not self.stopping.is_set():
+            await self._wait_stop(self.runner.opts.volume_sync_seconds)
+            for volume in self.pod["spec"].get("volumes") or []:
+                target = self.mounts_by_volume.get(volume["name"])
+                if target is None or self.stopping.is_set():
+                    continue
+                try:
+                    if await refresh_volume(self.runner.api, self._ctx(), volume, target):
+                        log(f"{self.ns}/{self.name}: volume {volume['name']} updated")
+                except (ConfigError, ApiError, aiohttp.ClientError, TimeoutError, OSError):
+                    continue  # the kubelet keeps the old content and tries again
 
     async def _wait_stop(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):

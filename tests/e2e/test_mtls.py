@@ -282,3 +282,64 @@ def test_llm_api_key_reaches_the_model_only_as_a_file(
     assert key not in json.dumps(cluster.get_json("crew", "hosted", "-n", ns))
     assert key not in json.dumps(events_for(cluster, ns, "hosted-run"))
     assert key not in tls_op.logs()
+
+
+def _served_serial(address: str, ca_pem: bytes, server_name: str) -> int:
+    host, _, port = address.rpartition(":")
+    ctx = ssl.create_default_context(cadata=ca_pem.decode())
+    with socket.create_connection((host, int(port)), timeout=15) as raw, \
+            ctx.wrap_socket(raw, server_hostname=server_name) as tls:
+        der = tls.getpeercert(binary_form=True)
+    assert der is not None
+    return int(x509.load_der_x509_certificate(der).serial_number)
+
+
+def test_serving_certificates_rotate_while_20_jobs_run(
+        cluster: Cluster, research: str, pod_runner: PodRunner) -> None:
+    """Both replicas' TLS Secrets are deleted; the operator re-issues them on its next full
+    pass and the mounted files change under the running sidecars (kubelet sync). 20 CrewJobs
+    admitted before, during and after: all succeed, none uncertain, no sidecar restarted."""
+    import time
+
+    from crewjob_support import apply_obj, crewjob_manifest
+
+    ns = research
+    ca_pem = _secret_bytes(cluster, ns, "research-crewfence-ca", "ca.crt")
+    names = {o: f"research-{o}.research.{ns}.svc" for o in (0, 1)}
+    addresses = {o: _address(cluster, ns, o) for o in (0, 1)}
+    pids = {o: pod_runner.pid(ns, f"research-{o}") for o in (0, 1)}
+    before = {o: _served_serial(addresses[o], ca_pem, names[o]) for o in (0, 1)}
+    jobs = [f"rot-{i}" for i in range(20)]
+
+    def submit(name: str) -> None:
+        job = crewjob_manifest(name, "run", {"topic": f"rotation {name} [[sleep:2]]"})
+        assert apply_obj(cluster, job, ns).returncode == 0
+
+    for name in jobs[:8]:
+        submit(name)
+    for o in (0, 1):
+        cluster.kubectl("delete", "secret", f"research-{o}-crewfence-tls", "-n", ns,
+                        check=True)
+    pending = jobs[8:]
+    deadline = time.monotonic() + 180
+    rotated: dict[int, int] = {}
+    while len(rotated) < 2:
+        assert time.monotonic() < deadline, f"serving certificates not rotated: {rotated}"
+        if len(pending) > 4:
+            submit(pending.pop(0))
+        for o in (0, 1):
+            serial = _served_serial(addresses[o], ca_pem, names[o])
+            if serial != before[o]:
+                rotated[o] = serial
+        time.sleep(3)
+    for name in pending:
+        submit(name)
+    for name in jobs:
+        status = wait_phase(cluster, ns, name, timeout=300)["status"]
+        assert status["phase"] == "Succeeded", json.dumps(status)
+        assert status["uncertainOutcome"] is False
+    for o in (0, 1):
+        secret = cluster.get_json("secret", f"research-{o}-crewfence-tls", "-n", ns)
+        cert = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
+        assert cert.serial_number == rotated[o]
+        assert pod_runner.pid(ns, f"research-{o}") == pids[o]  # reloaded, not restarted

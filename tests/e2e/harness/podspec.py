@@ -290,6 +290,39 @@ async def materialise_volume(api: Api, ctx: PodContext, volume: Obj, target: Pat
     apply_fs_group(target, fs_group, read_only=True)
 
 
+def _files(root: Path) -> dict[Path, Path]:
+    return {p.relative_to(root): p for p in root.rglob("*") if p.is_file() and not p.is_symlink()}
+
+
+async def refresh_volume(api: Api, ctx: PodContext, volume: Obj, target: Path) -> bool:
+    """The kubelet's periodic sync of a configMap/secret/downwardAPI/projected volume: the
+    current content, written next to `target` with the same modes and fsGroup pass, moves in
+    file by file (each `os.replace` atomic; the kubelet swaps the whole volume at once, so a
+    reader may briefly see a new certificate beside an old key here, never a torn file).
+    A source that is missing now keeps the old content. True when anything changed."""
+    if not any(k in volume for k in PROJECTED_TYPES):
+        return False
+    staging = target.with_name(target.name + ".next")
+    try:
+        await materialise_volume(api, ctx, volume, staging)
+        new, old = _files(staging), _files(target)
+        changed = False
+        for rel, src in sorted(new.items()):
+            dst = target / rel
+            if rel in old and dst.read_bytes() == src.read_bytes() \
+                    and dst.stat().st_mode == src.stat().st_mode:
+                continue
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(src, dst)
+            changed = True
+        for rel in old.keys() - new.keys():
+            (target / rel).unlink()
+            changed = True
+        return changed
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
 def resolve_command(argv: list[str], env_path: str, mounts: list[Mount]) -> list[str]:
     """argv with argv[0] found on the pod's PATH (the venv first); an image path such as
     /usr/local/bin/crewfence-sidecar that does not exist here falls back to its basename."""
