@@ -148,7 +148,7 @@ def decide(ex: ExcessReplica) -> Decision:
     return Decision(
         ex.ordinal, ex.claim, ReplicaState.RETAINED,
         "claim kept without a pod; starting a draining pod so its journal answers lookups",
-        create_pod=False,
+        create_pod=True,
         retained=_kept(ex, records, "its journal was never confirmed empty"))
 
 

@@ -532,9 +532,14 @@ def _assigned(ctx: _Ctx, a: Assignment) -> Decision:
         return ctx.wait(min(s.retry_seconds, s.gone_grace_seconds), Phase.RUNNING,
                         Reason.REPLICA_UNAVAILABLE, f"{gone[1]}; waiting to be sure",
                         gone_since=since)
-    assert replica is not None
+    assert replica is not None and obs.crew is not None
     if ctx.mem.gone_since is not None:
         ctx.mem = replace(ctx.mem, gone_since=None)
+    if not obs.crew.has_token:
+        failures = ctx.mem.failures + 1
+        return ctx.wait(s.backoff(failures), Phase.RUNNING, Reason.REPLICA_UNAVAILABLE,
+                        "the Crew's token Secret cannot be read; waiting to ask the assigned "
+                        f"replica {replica.label}", failures=failures)
     if journal_changed(a.journal_id, replica.journal_id):
         return _journal_lost(ctx, a, replica.journal_id)
     # Answers are consumed newest-first: the step just carried out left exactly one.
@@ -777,7 +782,7 @@ def _deleting(ctx: _Ctx) -> Decision:
     if obs.now - since >= s.deletion_wait_seconds:
         return _release_unconfirmed(ctx, "the sidecar did not confirm the cancel in time")
     replica = obs.crew.replica(a.ordinal) if obs.crew is not None else None
-    if replica is None or not replica.can_answer:
+    if replica is None or not replica.can_answer or not obs.crew or not obs.crew.has_token:
         if _gone_why(ctx, a, replica) is not None:
             return _release_unconfirmed(ctx, "the assigned replica is gone")
         return ctx.decision(Wait(min(s.retry_seconds, 1.0), Reason.REPLICA_UNAVAILABLE.value))

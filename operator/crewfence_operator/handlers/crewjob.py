@@ -431,31 +431,6 @@ async def read_crew_and_token(namespace: str, crew: str) -> tuple[Mapping[str, A
     return await KubeIO(cache_seconds=0.0).read_crew(namespace, crew)
 
 
-class JobRunner:
-    """Compatibility for ``handlers/resolution.py``: a sidecar client on a session of its own.
-
-    Prefer ``runtime_of(memo).session()`` (per-operator state lives in kopf's memo); this one
-    session per event loop is closed at operator cleanup.
-    """
-
-    _sessions: dict[int, aiohttp.ClientSession] = {}
-
-    @classmethod
-    def client_for(cls, replica: Replica, token: str) -> SidecarClient:
-        assert replica.address
-        key = id(asyncio.get_running_loop())
-        session = cls._sessions.get(key)
-        if session is None or session.closed:
-            session = cls._sessions[key] = aiohttp.ClientSession()
-        return SidecarClient(session, Endpoint(replica.address, token))
-
-    @classmethod
-    async def close(cls) -> None:
-        for key, session in list(cls._sessions.items()):
-            await session.close()
-            cls._sessions.pop(key, None)
-
-
 # --- kopf registration -----------------------------------------------------------------------
 def is_live(status: Mapping[str, Any] | None, **_: Any) -> bool:
     """Only non-terminal CrewJobs get a daemon (and so a finalizer)."""
@@ -589,4 +564,3 @@ async def crewjob_runtime(memo: kopf.Memo, **_: Any) -> None:
 @kopf.on.cleanup()
 async def crewjob_cleanup(memo: kopf.Memo, **_: Any) -> None:
     await runtime_of(memo).close()
-    await JobRunner.close()

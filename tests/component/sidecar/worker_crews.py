@@ -5,6 +5,7 @@ O_APPEND by whatever process runs the job, so a test in another process can coun
 
 - ``stuck``: three tasks; every model call is logged, then blocks for :data:`STUCK_SECONDS`
   ignoring any cancel signal of crewfence's own (like a hosted model's socket read).
+- ``hang``: the first model call never returns.
 - ``spin``: the model asks for the ``spin`` tool, which loops forever in pure Python and logs
   a line every :data:`SPIN_LOG_EVERY` iterations (a job stuck in a tight tool loop).
 - ``segfault``: the model call dereferences NULL (a native extension fault).
@@ -48,6 +49,18 @@ class StuckLLM(OfflineLLM):
     def call(self, messages: Any, *args: Any, **kwargs: Any) -> Any:
         effect("llm", _tag(messages))
         time.sleep(STUCK_SECONDS)
+        return super().call(messages, *args, **kwargs)
+
+    async def acall(self, messages: Any, *args: Any, **kwargs: Any) -> Any:
+        return self.call(messages, *args, **kwargs)
+
+
+class HangLLM(OfflineLLM):
+    """A model call that never returns (a provider that stopped answering)."""
+
+    def call(self, messages: Any, *args: Any, **kwargs: Any) -> Any:
+        effect("llm", _tag(messages))
+        time.sleep(3600)
         return super().call(messages, *args, **kwargs)
 
     async def acall(self, messages: Any, *args: Any, **kwargs: Any) -> Any:
@@ -104,6 +117,7 @@ def _crew(llm: BaseLLM, tasks: int = 1, tools: list[BaseTool] | None = None) -> 
 
 CREWS = {
     "stuck": lambda: _crew(StuckLLM(), tasks=3),
+    "hang": lambda: _crew(HangLLM(), tasks=2),
     "spin": lambda: _crew(ToolLoopLLM(), tools=[SpinTool()]),
     "segfault": lambda: _crew(SegfaultLLM()),
 }

@@ -346,3 +346,13 @@ def test_parse_replicas_lists_draining_and_retained() -> None:
     got = {r.ordinal: r.state for r in parse_replicas(crew)}
     assert got == {0: ReplicaState.ACTIVE, 1: ReplicaState.DRAINING,
                    2: ReplicaState.RETAINED, 3: ReplicaState.RETAINED}
+
+
+def test_an_unreadable_token_waits_instead_of_calling_the_sidecar() -> None:
+    o = obs(replica(0), status=assigned())
+    o = replace(o, crew=CrewView(o.crew.replicas, False))  # type: ignore[union-attr]
+    d = m.decide(o)
+    assert isinstance(d.step, Wait) and d.patch is not None
+    assert d.patch["reason"] == "ReplicaUnavailable"
+    d = m.decide(replace(o, deleting=True))
+    assert isinstance(d.step, Wait)
