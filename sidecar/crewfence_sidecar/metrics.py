@@ -17,8 +17,11 @@ class _OfflineLLMCalls(Collector):
     def collect(self) -> Iterator[CounterMetricFamily]:
         module = sys.modules.get("crewfence_sidecar.offline_llm")
         count = module.call_count() if module is not None else 0
+        workers = sys.modules.get("crewfence_sidecar.workers.counters")
+        count += workers.offline_llm_calls() if workers is not None else 0
         yield CounterMetricFamily("crewfence_offline_llm_calls",
-                                  "Calls of the offline LLM crewfence/offline in this process",
+                                  "Calls of the offline LLM crewfence/offline in this process "
+                                  "and in its job workers",
                                   value=count)
 
 

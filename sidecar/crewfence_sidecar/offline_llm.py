@@ -33,7 +33,7 @@ import threading
 import time
 import types
 import typing
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import Enum
@@ -64,10 +64,21 @@ def call_count() -> int:
         return _count
 
 
+_call_observers: list[Callable[[], None]] = []
+
+
+def observe_calls(callback: Callable[[], None]) -> None:
+    """Call ``callback`` (from the calling thread) after each counted call; a job worker
+    reports its calls to the sidecar this way."""
+    _call_observers.append(callback)
+
+
 def _count_call() -> None:
     global _count
     with _count_lock:
         _count += 1
+    for observer in list(_call_observers):
+        observer()
 
 
 class OfflineLLMFailure(RuntimeError):

@@ -343,3 +343,65 @@ def test_serving_certificates_rotate_while_20_jobs_run(
         cert = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
         assert cert.serial_number == rotated[o]
         assert pod_runner.pid(ns, f"research-{o}") == pids[o]  # reloaded, not restarted
+
+
+def test_token_roll_while_20_jobs_run(cluster: Cluster, research: str, pod_runner: PodRunner,
+                                      tmp_path: Path) -> None:
+    """``kubectl annotate crew research crewfence.dev/rotate-token=<id>``: the operator adds a
+    new token next to the old one, switches once every replica accepts it, then drops the old
+    one; 20 CrewJobs admitted across the roll all succeed, none uncertain, no restart."""
+    import time
+
+    from crewjob_support import apply_obj, crewjob_manifest
+
+    ns = research
+    old = crew_token(cluster, ns, "research")
+    pids = {o: pod_runner.pid(ns, f"research-{o}") for o in (0, 1)}
+    jobs = [f"roll-{i}" for i in range(20)]
+
+    def submit(name: str) -> None:
+        job = crewjob_manifest(name, "run", {"topic": f"token roll {name} [[sleep:2]]"})
+        assert apply_obj(cluster, job, ns).returncode == 0
+
+    def phase() -> str | None:
+        secret = cluster.get_json("secret", "research-crewfence-token", "-n", ns)
+        annotations = secret["metadata"].get("annotations") or {}
+        return annotations.get("crewfence.dev/token-rotation-phase")
+
+    for name in jobs[:6]:
+        submit(name)
+    cluster.kubectl("annotate", "crew", "research", "-n", ns,
+                    "crewfence.dev/rotate-token=e2e-roll-1", "--overwrite", check=True)
+    pending, seen = jobs[6:], []
+    deadline = time.monotonic() + 240
+    while (current := phase()) != "done":
+        assert time.monotonic() < deadline, f"token roll stuck in phase {current}"
+        if current and (not seen or seen[-1] != current):
+            seen.append(current)
+        if len(pending) > 3:
+            submit(pending.pop(0))
+        time.sleep(2)
+    for name in pending:
+        submit(name)
+    assert "adding" in seen or "switched" in seen, seen
+    for name in jobs:
+        status = wait_phase(cluster, ns, name, timeout=300)["status"]
+        assert status["phase"] == "Succeeded", json.dumps(status)
+        assert status["uncertainOutcome"] is False
+    new = crew_token(cluster, ns, "research")
+    assert new != old and "\n" not in new.strip()
+
+    ca = crew_tls.ca_from_secret(cluster.get_json("secret", "research-crewfence-ca", "-n", ns))
+    assert ca is not None
+    ctx = _context(ca.cert_pem, crew_tls.issue_operator_client(ca), tmp_path / "client")
+    for o in (0, 1):
+        address, name = _address(cluster, ns, o), f"research-{o}.research.{ns}.svc"
+        assert _get(address, "/jobs/nothing-here", new, ctx, name)[0] == 404
+        # The old token goes once the replica's mounted file drops it (kubelet sync).
+        end = time.monotonic() + 60
+        while _get(address, "/jobs/nothing-here", old, ctx, name)[0] != 401:
+            assert time.monotonic() < end, "the old token is still accepted"
+            time.sleep(1)
+        assert pod_runner.pid(ns, f"research-{o}") == pids[o]
+    assert old not in pod_runner.logs(ns, "research-0") and new not in pod_runner.logs(
+        ns, "research-0")

@@ -15,7 +15,7 @@ import kopf
 
 from crewfence_operator import config, kube, metrics
 from crewfence_operator import constants as c
-from crewfence_operator.crew import children, tls_secrets
+from crewfence_operator.crew import children, tls_secrets, token_roll
 from crewfence_operator.crew.fencing import ForeignMount
 from crewfence_operator.crew.identity import CrewRef
 from crewfence_operator.crew.pod import PodSettings
@@ -233,14 +233,25 @@ async def reconcile_once(
         error = str(exc)
         snap = await asyncio.to_thread(children.observe, crew, spec, pods)
     if state.token is None:
-        state.token = await asyncio.to_thread(
-            kube.read_secret_value, namespace, c.token_secret_name(name), c.TOKEN_SECRET_KEY)
+        state.token = token_roll.sending_token(await asyncio.to_thread(
+            kube.read_secret_value, namespace, c.token_secret_name(name), c.TOKEN_SECRET_KEY))
     material = await tls_secrets.client_tls(namespace, name) if cfg.sidecar_tls else None
 
     def tls_for(ordinal: int) -> dict[str, Any]:
         return tls_secrets.endpoint_tls(material, namespace, name, ordinal)
 
     healths = await _healths(session, snap.pods, state.token, cfg, tls_for)
+    if cfg.sidecar_tls:  # token files are re-read by the sidecars: a roll is possible
+        addresses = {o: a for o, pod in snap.pods.items()
+                     if (a := pod_address(pod, cfg.sidecar_port)) is not None}
+        rolled = await token_roll.advance(namespace, name,
+                                          body["metadata"].get("annotations") or {},
+                                          session, addresses, tls_for)
+        if rolled is not None:
+            logger.info(f"token roll: phase {rolled}")
+            state.token = token_roll.sending_token(await asyncio.to_thread(
+                kube.read_secret_value, namespace, c.token_secret_name(name),
+                c.TOKEN_SECRET_KEY))
 
     ordinals = set(range(spec.replicas)) | set(snap.pods) | set(snap.claims)
     claims_by_ordinal = {o: claim_for_ordinal(crew, spec, o) for o in sorted(ordinals)}

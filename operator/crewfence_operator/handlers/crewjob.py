@@ -119,6 +119,10 @@ class KubeIO:
             if obj is not None:
                 token = await asyncio.to_thread(kube.read_secret_value, namespace,
                                                 c.token_secret_name(crew), c.TOKEN_SECRET_KEY)
+                # During a token roll the Secret holds two lines: send the first one.
+                from crewfence_operator.crew.token_roll import sending_token
+
+                token = sending_token(token)
             self._cache[key] = (time.monotonic() + self.cache_seconds, obj, token)
             return obj, token
 
@@ -240,7 +244,8 @@ class JobDriver:
                             progress=Progress.from_status(self.status.get("progress")))
         self.memory = memory
         self.done = False
-        self._last_progress_write = time.monotonic()
+        self._progress_clock: float | None = None
+        """Starts at the first event after ``started`` (the job is executing, not queued)."""
         self._written_cursor = self.memory.cursor
 
     def _parse_spec(self) -> JobSpec | SpecError:
@@ -413,15 +418,23 @@ class JobDriver:
                 progress.chunks += 1
             if event.event in contract.TERMINAL_EVENTS:
                 return
+            if self._progress_clock is None:
+                if event.event != contract.EventName.STARTED:
+                    self._progress_clock = time.monotonic()
+                continue
             await self._maybe_write_progress()
 
     async def _maybe_write_progress(self) -> None:
-        if (self.memory.cursor != self._written_cursor and time.monotonic()
-                - self._last_progress_write >= self.settings.progress_seconds):
+        """At most one progress write per ``progress_seconds`` of execution: a job that ends
+        within that time after its first event past ``started`` costs no progress write (the
+        terminal patch carries the cursor and the counts anyway)."""
+        clock = self._progress_clock
+        if (clock is not None and self.memory.cursor != self._written_cursor
+                and time.monotonic() - clock >= self.settings.progress_seconds):
             await self.write({"eventCursor": self.memory.cursor,
                               "progress": self.memory.progress.to_status()})
             self._written_cursor = self.memory.cursor
-            self._last_progress_write = time.monotonic()
+            self._progress_clock = time.monotonic()
 
 
 # --- for other handlers (the resolution journaling) ---------------------------------------------

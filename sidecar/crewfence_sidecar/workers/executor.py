@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 from crewfence_sidecar.journal import utc_now
 from crewfence_sidecar.runtime import JobContext
+from crewfence_sidecar.workers.counters import count_offline_llm_call
 from crewfence_sidecar.workers.outcomes import RemoteExecutionError, StopReport, WorkerDied
 from crewfence_sidecar.workers.protocol import ExitStatus
 from crewfence_sidecar.workers.supervisor import Supervisor, TemplateInfo, WorkerHandle
@@ -178,6 +179,8 @@ class WorkerExecutor:
             kind = message.get("type")
             if kind == "chunk":
                 await ctx.emit_chunk(dict(message.get("data") or {}))
+            elif kind == "llm_call":
+                count_offline_llm_call()
             elif kind == "started":
                 if handle.fork_ns and not handle.spare:  # a spare's start includes waiting
                     self.stats.start_ns.append(int(message["started_ns"]) - handle.fork_ns)

@@ -16,6 +16,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 from typing import Any, NoReturn
 
@@ -33,12 +34,33 @@ EXIT_NO_JOB = 3
 EXIT_INTERNAL = 70
 
 
-async def _execute(catalog: Any, job: dict[str, Any], sock: socket.socket,
+class _Channel:
+    """The worker's end of its channel; frames come from the loop thread (chunks) and from
+    model-call threads (call reports), so every write holds a lock."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._lock = threading.Lock()
+
+    def send(self, message: dict[str, Any]) -> None:
+        with self._lock:
+            write_frame(self.sock, message)
+
+    def send_outcome(self, outcome: dict[str, Any]) -> None:
+        try:
+            data = frame(outcome)
+        except (TypeError, ValueError, ProtocolError):
+            data = frame({"type": "unserialisable"})
+        with self._lock:
+            self.sock.sendall(data)
+
+
+async def _execute(catalog: Any, job: dict[str, Any], channel: _Channel,
                    settings: TemplateSettings) -> dict[str, Any]:
     from crewfence_sidecar import operations
 
     async def emit_chunk(data: dict[str, Any]) -> None:
-        write_frame(sock, {"type": "chunk", "data": data})
+        channel.send({"type": "chunk", "data": data})
 
     ctx = JobContext(crew_id=str(job["crew_id"]), action_id=str(job["action_id"]),
                      operation=str(job["operation"]), input=dict(job["input"]),
@@ -48,14 +70,6 @@ async def _execute(catalog: Any, job: dict[str, Any], sock: socket.socket,
     except Exception as exc:  # the class only crosses over (messages can carry inputs)
         return {"type": "error", "exception": type(exc).__name__}
     return {"type": "result", "output": output}
-
-
-def _report(sock: socket.socket, outcome: dict[str, Any]) -> None:
-    try:
-        data = frame(outcome)
-    except (TypeError, ValueError, ProtocolError):
-        data = frame({"type": "unserialisable"})
-    sock.sendall(data)
 
 
 def run(channel_fd: int, close_fds: list[int], catalog: Any, settings: TemplateSettings,
@@ -79,9 +93,14 @@ def run(channel_fd: int, close_fds: list[int], catalog: Any, settings: TemplateS
         if job is None:
             code = EXIT_NO_JOB
         else:
-            write_frame(sock, {"type": "started", "pid": os.getpid(),
-                               "started_ns": time.monotonic_ns()})
-            _report(sock, asyncio.run(_execute(catalog, job, sock, settings)))
+            channel = _Channel(sock)
+            channel.send({"type": "started", "pid": os.getpid(),
+                          "started_ns": time.monotonic_ns()})
+            from crewfence_sidecar.offline_llm import observe_calls
+
+            # after any warm-up: only this job's calls are reported
+            observe_calls(lambda: channel.send({"type": "llm_call"}))
+            channel.send_outcome(asyncio.run(_execute(catalog, job, channel, settings)))
             code = EXIT_OK
     except BaseException:
         code = EXIT_INTERNAL

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from crewfence_sidecar.contract import job_path
-from sidecar_helpers import AUTH, headers, start_body
+from sidecar_helpers import AUTH, headers, metric_value, start_body
 from worker_crews import STUCK_SECONDS
 from worker_support import Template, alive, children_of
 
@@ -268,3 +268,24 @@ async def test_inputs_missing_a_template_variable_are_refused_at_admission(
     assert health["model_credentials"]["research"] == {
         "model": "crewfence/offline", "hosted": False, "credentials": "not_needed"}
     assert health["model_credentials_missing"] == []
+
+
+async def test_model_calls_made_in_workers_are_counted_by_the_sidecar(
+        make_worker_client: Any) -> None:
+    """crewfence_offline_llm_calls_total counts the workers' calls (each reported as it is
+    made), and not the spares' warm-up kickoffs."""
+    c = await make_worker_client()
+
+    async def calls() -> float:
+        text = await (await c.get("/metrics", headers=AUTH)).text()
+        return metric_value(text, "crewfence_offline_llm_calls_total")
+
+    before = await calls()
+    r = await c.post("/jobs", json=start_body("counted", topic="counted"),
+                     headers=headers("counted"))
+    assert r.status == 200
+    r = await c.post("/jobs", json=start_body("counted-batch", operation="batch_run",
+                                              input_={"inputs": [{"topic": "a"}, {"topic": "b"}]}),
+                     headers=headers("counted-batch"))
+    assert r.status == 200
+    assert await calls() - before == 3  # one task per kickoff: 1 + 2
