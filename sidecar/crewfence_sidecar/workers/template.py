@@ -144,10 +144,10 @@ class Template:
     def _handle(self, message: dict[str, Any], fds: list[int]) -> None:
         op = message.get("op")
         if op == "fork" and len(fds) == 1:
-            self._fork(int(message["id"]), fds[0], spare=bool(message.get("spare")))
+            self._fork(int(message["id"]), fds.pop(), spare=bool(message.get("spare")))
         elif op == "signal":
             self._signal(int(message["pid"]), int(message["sig"]))
-        for fd in fds if op != "fork" else fds[1:]:
+        for fd in fds:  # anything not handed to a worker
             os.close(fd)
 
     def _fork(self, request_id: int, channel_fd: int, spare: bool) -> None:
