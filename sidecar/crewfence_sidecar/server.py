@@ -179,6 +179,8 @@ def worker_execution(config: SidecarConfig, supervisor: Any) -> tuple[CrewSet, E
     """The crews the template loaded and the executor that forks one worker per job."""
     from crewfence_sidecar.workers.executor import WorkerCrews, WorkerExecutor
 
+    # Without its template no job can run: stop (as SIGTERM would), so the container restarts.
+    supervisor.on_lost = lambda: os.kill(os.getpid(), signal.SIGTERM)
     supervisor.attach()
     executor = WorkerExecutor(supervisor, stop_grace=config.worker_stop_grace_ms / 1000,
                               max_live=config.max_concurrency, spares=config.worker_spares)

@@ -23,7 +23,7 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -122,6 +122,9 @@ class Supervisor:
         self._lost = False
         self._closing = False
         self._detaching = False
+        self.on_lost: Callable[[], None] | None = None
+        """Called once when the template is gone while not closing (the CLI stops the
+        sidecar then, so the container restarts with a fresh template)."""
         self.info: TemplateInfo | None = None
 
     # --- starting the template ---------------------------------------------------------------
@@ -225,7 +228,8 @@ class Supervisor:
                 handle.exited.set_result(ExitStatus.from_wire(message))
 
     def _on_lost(self) -> None:
-        if not self._lost and not self._closing:
+        first = not self._lost and not self._closing
+        if first:
             log.error("the worker template process is gone; running jobs fail")
         self._lost = True
         for handle in self._pending.values():
@@ -236,6 +240,8 @@ class Supervisor:
                 handle.exited.set_result(TEMPLATE_LOST)
         self._pending.clear()
         self._live.clear()
+        if first and self.on_lost is not None:
+            self.on_lost()
 
     @property
     def live_workers(self) -> int:

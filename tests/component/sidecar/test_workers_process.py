@@ -101,3 +101,40 @@ def test_without_crewai_the_sidecar_names_the_extra_in_one_line(tmp_path: Path) 
     lines = [line for line in proc.stderr_text().splitlines() if line.strip()]
     assert lines == ["crewfence-sidecar: error: crewai is not installed: install the sidecar "
                      "extra, pip install 'crewfence[sidecar]'"], lines
+
+
+def test_a_lost_template_stops_the_sidecar_and_fails_its_jobs(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    crews = tmp_path / "crews.yaml"
+    crews.write_text("crews: {}\n")
+    effects = tmp_path / "effects.log"
+    env = sidecar_env(state / "journal.db", crews, CREWFENCE_REGISTRY="worker_crews:CREWS",
+                      CREWFENCE_TEST_EFFECTS_LOG=str(effects),
+                      PYTHONPATH=os.pathsep.join(
+                          p for p in (str(HERE), os.environ.get("PYTHONPATH")) if p))
+    first = SidecarProcess([], env, tmp_path / "first.log").start().wait_listening()
+    try:
+        assert first.proc is not None
+        status, _ = _call(f"{first.url}/jobs", "POST",
+                          start_body("lost", crew_id="stuck", topic="TAG-lost"),
+                          headers("lost", async_=True))
+        assert status == 202
+        worker = wait_until(lambda: (_pids_of(effects, "TAG-lost") or [None])[0], 60,
+                            "the worker's model call")
+        [template] = [pid for pid, _ in children_of(first.proc.pid)]
+        os.kill(template, signal.SIGKILL)
+        # a sidecar without its template could run nothing: it stops, the container restarts
+        assert first.wait_exit(60) == 0
+        assert "the worker template process is gone" in first.stderr_text()
+        wait_until(lambda: not alive(worker), 30, "the worker to die with its template")
+    finally:
+        first.kill()
+    second = SidecarProcess([], env, tmp_path / "second.log").start().wait_listening()
+    try:
+        status, record = _call(f"{second.url}/jobs/lost")
+        assert status == 200
+        assert record["status"] == "failed" and record["uncertain_outcome"] is True
+        assert record["error"]["code"] in ("worker_died", "sidecar_stopped")
+    finally:
+        assert second.terminate() == 0
