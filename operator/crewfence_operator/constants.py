@@ -59,6 +59,7 @@ FS_GROUP: Final = 10001
 COND_READY: Final = "Ready"
 COND_STATE_SHARED: Final = "StateVolumeShared"
 COND_CLAIMS_RETAINED: Final = "StateClaimsRetained"
+COND_MODEL_CREDENTIALS: Final = "ModelCredentials"
 
 DEFAULT_IMAGE: Final = "ghcr.io/crewfence/crewfence:0.1.0"
 

@@ -72,16 +72,24 @@ def is_status(exc: BaseException, *codes: int) -> bool:
 
 # --- Crews -------------------------------------------------------------------------------------
 
-def get_crew(namespace: str, name: str) -> dict[str, Any] | None:
+def _get_custom(plural: str, namespace: str, name: str) -> dict[str, Any] | None:
+    """One crewfence object of ``plural``; None when it does not exist (404)."""
     try:
-        obj = custom().get_namespaced_custom_object(c.GROUP, c.VERSION, namespace,
-                                                    c.CREW_PLURAL, name)
+        obj = custom().get_namespaced_custom_object(c.GROUP, c.VERSION, namespace, plural, name)
     except ApiException as exc:
         if exc.status == 404:
             return None
         raise
     assert isinstance(obj, dict)
     return obj
+
+
+def get_crew(namespace: str, name: str) -> dict[str, Any] | None:
+    return _get_custom(c.CREW_PLURAL, namespace, name)
+
+
+def get_crewjob(namespace: str, name: str) -> dict[str, Any] | None:
+    return _get_custom(c.CREWJOB_PLURAL, namespace, name)
 
 
 def list_crews(namespace: str) -> list[dict[str, Any]]:

@@ -13,9 +13,9 @@ from __future__ import annotations
 import json
 import ssl
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import aiohttp
 from crewfence_sidecar import contract
@@ -27,6 +27,7 @@ MAX_RECORD_BYTES: Final = 16 * 1024 * 1024
 MAX_PAGE_BYTES: Final = 16 * 1024 * 1024
 MAX_SSE_EVENT_BYTES: Final = 4 * 1024 * 1024
 MAX_MESSAGE_CHARS: Final = 512
+T = TypeVar("T")
 
 
 @dataclass(eq=False)
@@ -85,6 +86,21 @@ def invalid_stream(message: str) -> SidecarFailure:
     """Table row "Invalid or incomplete stream → Connector, uncertain"."""
     return SidecarFailure(FailureCategory.CONNECTOR, "invalid_stream", _clip(message), None,
                           uncertain=True)
+
+
+def _from_object(payload: object, parse: Callable[[dict[str, Any]], T], *, what: str,
+                 status: int, uncertain: bool, code: str = "invalid_response") -> T:
+    """``parse`` over an answer that must be a JSON object. Invariant (malformed answers are
+    connector failures): anything unreadable raises :class:`SidecarFailure`, never a bare
+    KeyError/TypeError/ValueError into the caller."""
+    try:
+        if not isinstance(payload, dict):
+            raise TypeError("not an object")
+        return parse(payload)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise SidecarFailure(FailureCategory.CONNECTOR, code,
+                             f"{what} is malformed: {type(exc).__name__}", status,
+                             uncertain=uncertain) from None
 
 
 def cancel_unconfirmed(cause: SidecarFailure) -> SidecarFailure:
@@ -239,14 +255,8 @@ class SidecarClient:
 
     @staticmethod
     def _record(payload: object, status: int, *, invocation: bool) -> JobRecord:
-        try:
-            if not isinstance(payload, dict):
-                raise TypeError("not an object")
-            return JobRecord.from_wire(payload)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise SidecarFailure(FailureCategory.CONNECTOR, "invalid_record",
-                                 f"sidecar record is malformed: {type(exc).__name__}", status,
-                                 uncertain=invocation) from None
+        return _from_object(payload, JobRecord.from_wire, what="sidecar record", status=status,
+                            code="invalid_record", uncertain=invocation)
 
     # --- routes -----------------------------------------------------------------------------
     async def health(self) -> dict[str, Any]:
@@ -281,14 +291,8 @@ class SidecarClient:
         status, payload, _ = await self._call(
             "POST", self.endpoint.url(contract.DRAIN_PATH), limit=MAX_HEALTH_BYTES,
             invocation=True, body={"draining": bool(draining)})
-        try:
-            if not isinstance(payload, dict):
-                raise TypeError("not an object")
-            return contract.DrainState.from_wire(payload)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise SidecarFailure(FailureCategory.CONNECTOR, "invalid_response",
-                                 f"drain answer is malformed: {type(exc).__name__}", status,
-                                 uncertain=True) from None
+        return _from_object(payload, contract.DrainState.from_wire, what="drain answer",
+                            status=status, uncertain=True)
 
     async def archive_older_than(self, seconds: int) -> contract.BulkArchiveResult:
         """``POST /admin/archive``: archive every terminal record older than ``seconds``."""
@@ -297,14 +301,8 @@ class SidecarClient:
         status, payload, _ = await self._call(
             "POST", self.endpoint.url(contract.BULK_ARCHIVE_PATH), limit=MAX_RECORD_BYTES,
             invocation=True, body={"older_than_seconds": seconds}, headers=headers)
-        try:
-            if not isinstance(payload, dict):
-                raise TypeError("not an object")
-            return contract.BulkArchiveResult.from_wire(payload)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise SidecarFailure(FailureCategory.CONNECTOR, "invalid_response",
-                                 f"archive answer is malformed: {type(exc).__name__}", status,
-                                 uncertain=True) from None
+        return _from_object(payload, contract.BulkArchiveResult.from_wire,
+                            what="archive answer", status=status, uncertain=True)
 
     async def get_job(self, action_id: str) -> Lookup:
         status, payload, journal_id = await self._call(

@@ -10,6 +10,8 @@ import hashlib
 import json
 import math
 import re
+from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Final
@@ -247,17 +249,28 @@ def encoded_size(value: Any) -> int:
                           allow_nan=False).encode("utf-8", "surrogatepass"))
 
 
-def parse_start_request(body: object) -> StartRequest:
-    """Validate the shape of a start body (400/413); per-operation input is separate (422)."""
+def _body_object(body: object, allowed: AbstractSet[str]) -> dict[str, Any]:
+    """A request body as a JSON object with no field outside ``allowed`` (400 otherwise)."""
     if not isinstance(body, dict):
         raise ContractError(400, "invalid_request", "the body must be a JSON object")
-    unknown = sorted(set(body) - START_FIELDS)
+    unknown = sorted(set(body) - allowed)
     if unknown:
         raise ContractError(400, "unknown_fields",
                             f"unknown fields: {', '.join(map(str, unknown))[:200]}")
-    missing = sorted(REQUIRED_START_FIELDS - set(body))
+    return body
+
+
+def _require_fields(body: Mapping[str, Any], required: AbstractSet[str]) -> None:
+    """400 naming every field of ``required`` the body lacks."""
+    missing = sorted(required - set(body))
     if missing:
         raise ContractError(400, "invalid_request", f"missing fields: {', '.join(missing)}")
+
+
+def parse_start_request(body: object) -> StartRequest:
+    """Validate the shape of a start body (400/413); per-operation input is separate (422)."""
+    body = _body_object(body, START_FIELDS)
+    _require_fields(body, REQUIRED_START_FIELDS)
     crew_id = validate_id("crew_id", body["crew_id"])
     action_id = validate_id("action_id", body["action_id"])
     raw_op = body["operation"]
@@ -435,12 +448,7 @@ class CancelRequest:
 
 
 def parse_cancel_request(body: object, path_action_id: str) -> CancelRequest:
-    if not isinstance(body, dict):
-        raise ContractError(400, "invalid_request", "the body must be a JSON object")
-    unknown = sorted(set(body) - {"crew_id", "action_id", "reason"})
-    if unknown:
-        raise ContractError(400, "unknown_fields",
-                            f"unknown fields: {', '.join(map(str, unknown))[:200]}")
+    body = _body_object(body, {"crew_id", "action_id", "reason"})
     if "crew_id" not in body or "action_id" not in body:
         raise ContractError(400, "invalid_request", "crew_id and action_id are required")
     crew_id = validate_id("crew_id", body["crew_id"])
@@ -717,15 +725,8 @@ def _bounded_text(name: str, value: object, limit: int, *, required: bool) -> st
 
 def parse_resolution_request(body: object, path_action_id: str) -> ResolutionRequest:
     """Validate a resolution body (400 on anything else)."""
-    if not isinstance(body, dict):
-        raise ContractError(400, "invalid_request", "the body must be a JSON object")
-    unknown = sorted(set(body) - RESOLUTION_FIELDS)
-    if unknown:
-        raise ContractError(400, "unknown_fields",
-                            f"unknown fields: {', '.join(map(str, unknown))[:200]}")
-    missing = sorted({"crew_id", "action_id", "outcome", "note"} - set(body))
-    if missing:
-        raise ContractError(400, "invalid_request", f"missing fields: {', '.join(missing)}")
+    body = _body_object(body, RESOLUTION_FIELDS)
+    _require_fields(body, {"crew_id", "action_id", "outcome", "note"})
     crew_id = validate_id("crew_id", body["crew_id"])
     action_id = validate_id("action_id", body["action_id"])
     if action_id != path_action_id:

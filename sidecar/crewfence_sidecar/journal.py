@@ -416,15 +416,22 @@ class Journal:
         record = self.records[action_id]
         return self.limits.max_events_per_run - 1 - record.event_count
 
+    def _encode_event(self, name: str, data: dict[str, Any], *, too_large: str) -> str:
+        """The event body as stored; JournalFull (``too_large``) when name and body are over
+        CREWFENCE_MAX_EVENT_BYTES, or when the disk has no room for it."""
+        encoded = dumps(data)
+        if len(encoded.encode("utf-8")) + len(name) > self.limits.max_event_bytes:
+            raise JournalFull(too_large)
+        self._check_room(len(encoded))
+        return encoded
+
     def append_event(self, action_id: str, name: str, data: dict[str, Any]) -> JobEvent:
         """Append one non-terminal event; raise JournalFull when the record has no room."""
         record = self.records[action_id]
         if self.room_for_events(action_id) <= 0:
             raise JournalFull("CREWFENCE_MAX_EVENTS_PER_RUN reached")
-        encoded = dumps(data)
-        if len(encoded.encode("utf-8")) + len(name) > self.limits.max_event_bytes:
-            raise JournalFull("event is over CREWFENCE_MAX_EVENT_BYTES")
-        self._check_room(len(encoded))
+        encoded = self._encode_event(name, data,
+                                     too_large="event is over CREWFENCE_MAX_EVENT_BYTES")
         seq = record.event_count
         now = utc_now()
         with self._tx(fsync=False) as conn:
@@ -553,10 +560,9 @@ class Journal:
             raise ValueError("only terminal records can be resolved")
         if record.event_count >= self.limits.max_events_per_run:
             raise JournalFull("CREWFENCE_MAX_EVENTS_PER_RUN reached; no room for the resolution")
-        encoded = dumps(data)
-        if len(encoded.encode("utf-8")) + len(RESOLUTION_EVENT) > self.limits.max_event_bytes:
-            raise JournalFull("the resolution is over CREWFENCE_MAX_EVENT_BYTES")
-        self._check_room(len(encoded))
+        encoded = self._encode_event(
+            RESOLUTION_EVENT, data,
+            too_large="the resolution is over CREWFENCE_MAX_EVENT_BYTES")
         seq = record.event_count
         with self._tx() as conn:
             conn.execute("INSERT INTO events VALUES (?, ?, ?, ?)",

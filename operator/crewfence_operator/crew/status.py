@@ -9,6 +9,7 @@ from enum import StrEnum
 from typing import Any
 
 from crewfence_operator import constants as c
+from crewfence_operator.crew.model_credentials import CredentialsVerdict
 
 
 class ReplicaState(StrEnum):
@@ -37,6 +38,9 @@ class Health:
     draining: bool | None = None
     """None: the sidecar did not say (a sidecar without draining mode)."""
     unarchived_records: int | None = None
+    model_credentials: Mapping[str, Mapping[str, Any]] | None = None
+    """Per declarative crew id: ``{model, hosted, credentials: present|missing|not_needed}``;
+    None: the sidecar did not say."""
 
     @classmethod
     def from_wire(cls, body: Mapping[str, Any]) -> Health:
@@ -46,6 +50,7 @@ class Health:
 
         journal_id = body.get("journal_id")
         draining = body.get("draining")
+        credentials = body.get("model_credentials")
         return cls(
             status=str(body.get("status", "")),
             journal_id=str(journal_id) if journal_id else None,
@@ -53,6 +58,9 @@ class Health:
             active_runs=opt_int("active_runs"),
             draining=draining if isinstance(draining, bool) else None,
             unarchived_records=opt_int("unarchived_records"),
+            model_credentials=(
+                {str(k): v for k, v in credentials.items() if isinstance(v, Mapping)}
+                if isinstance(credentials, Mapping) else None),
         )
 
 
@@ -132,11 +140,12 @@ def _now() -> str:
 
 
 def condition(
-    previous: Sequence[Mapping[str, Any]], ctype: str, status: bool, reason: str, message: str,
-    generation: int | None, now: str | None = None,
+    previous: Sequence[Mapping[str, Any]], ctype: str, status: bool | None, reason: str,
+    message: str, generation: int | None, now: str | None = None,
 ) -> dict[str, Any]:
-    """A standard condition; lastTransitionTime moves only when the status flips."""
-    value = "True" if status else "False"
+    """A standard condition (``status`` None is Unknown); lastTransitionTime moves only when
+    the status flips."""
+    value = "Unknown" if status is None else "True" if status else "False"
     old = next((p for p in previous if p.get("type") == ctype), None)
     changed = old is None or old.get("status") != value
     return _without_nulls({
@@ -160,6 +169,9 @@ class CrewObservation:
     previous_conditions: Sequence[Mapping[str, Any]]
     port: int = c.SIDECAR_PORT
     error: str | None = None
+    credentials: CredentialsVerdict | None = None
+    """The ``ModelCredentials`` condition's content (``crew/model_credentials.py``); None:
+    no such condition (an entrypoint crew, or a spec that did not parse)."""
 
 
 def crew_status(obs: CrewObservation, now: str | None = None) -> dict[str, Any]:
@@ -207,6 +219,11 @@ def crew_status(obs: CrewObservation, now: str | None = None) -> dict[str, Any]:
         retained = condition(prev, c.COND_CLAIMS_RETAINED, False, "NoneRetained",
                              "no state claim is kept beyond spec.replicas", obs.generation, now)
 
+    conditions = [ready_cond, shared, retained]
+    if obs.credentials is not None:
+        conditions.append(condition(prev, c.COND_MODEL_CREDENTIALS, obs.credentials.status,
+                                    obs.credentials.reason, obs.credentials.message,
+                                    obs.generation, now))
     return {
         "observedGeneration": obs.generation,
         "replicas": replicas,
@@ -217,5 +234,5 @@ def crew_status(obs: CrewObservation, now: str | None = None) -> dict[str, Any]:
                             "retainedRuns": r.retained_runs, "reason": r.reason})
             for r in obs.retained_claims
         ],
-        "conditions": [ready_cond, shared, retained],
+        "conditions": conditions,
     }

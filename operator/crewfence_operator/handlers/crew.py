@@ -18,6 +18,8 @@ from crewfence_operator import constants as c
 from crewfence_operator.crew import children, tls_secrets, token_roll
 from crewfence_operator.crew.fencing import ForeignMount
 from crewfence_operator.crew.identity import CrewRef
+from crewfence_operator.crew.model_credentials import decide as credentials_verdict
+from crewfence_operator.crew.model_credentials import reported_states
 from crewfence_operator.crew.pod import PodSettings
 from crewfence_operator.crew.probe import fetch_health
 from crewfence_operator.crew.resources import claim_for_ordinal
@@ -301,7 +303,8 @@ async def reconcile_once(
         generation=generation, desired_replicas=spec.replicas, replicas=observations,
         retained_claims=[d.retained for d in decisions if d.retained],
         previous_conditions=previous.get("conditions") or [], port=cfg.sidecar_port,
-        error=error)
+        error=error, credentials=credentials_verdict(spec, reported_states(
+            name, {o: h.model_credentials if h else None for o, h in healths.items()})))
     metrics.observe_fenced_replicas(crew.key, len(fence_by_ordinal))
     await _write_status(crew, previous, obs)
 

@@ -14,9 +14,8 @@ import asyncio
 import logging
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
-import aiohttp
 import kopf
 from kubernetes.client.exceptions import ApiException
 
@@ -27,6 +26,9 @@ from crewfence_operator.crewjob import resolution as res
 from crewfence_operator.crewjob.replicas import Replica, parse_replicas
 from crewfence_operator.crewjob.status import now_iso
 from crewfence_operator.sidecar_client import Endpoint, SidecarClient, SidecarFailure
+
+if TYPE_CHECKING:
+    from crewfence_operator.handlers.crewjob import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -43,16 +45,7 @@ def _patch_status_blocking(namespace: str, name: str, body: dict[str, Any]) -> N
         c.GROUP, c.VERSION, namespace, c.CREWJOB_PLURAL, name, body)
 
 
-def _get_crewjob_blocking(namespace: str, name: str) -> dict[str, Any] | None:
-    try:
-        obj = kube.custom().get_namespaced_custom_object(c.GROUP, c.VERSION, namespace,
-                                                         c.CREWJOB_PLURAL, name)
-    except ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise
-    assert isinstance(obj, dict)
-    return obj
+_get_crewjob_blocking = kube.get_crewjob
 
 
 async def _patch_status(namespace: str, name: str, status: dict[str, Any]) -> bool:
@@ -101,7 +94,9 @@ def unresolved_entry(obj: Mapping[str, Any]) -> tuple[str, str, float] | None:
 
 # --- resolution -------------------------------------------------------------------------------
 @kopf.on.event(c.GROUP, c.VERSION, c.CREWJOB_PLURAL, id="crewjob-resolution")
-async def crewjob_resolution(event: Mapping[str, Any], **_: Any) -> None:
+async def crewjob_resolution(event: Mapping[str, Any], memo: kopf.Memo, **_: Any) -> None:
+    from crewfence_operator.handlers import crewjob as jobs  # it imports this module
+
     obj = event.get("object") or {}
     meta = obj.get("metadata") or {}
     namespace, name = str(meta.get("namespace")), str(meta.get("name"))
@@ -111,11 +106,13 @@ async def crewjob_resolution(event: Mapping[str, Any], **_: Any) -> None:
     metrics.observe_unresolved_uncertain(namespace, name, unresolved_entry(obj))
     if meta.get("deletionTimestamp"):
         return
-    await carry_out(obj)
+    await carry_out(obj, jobs.runtime_of(memo))
 
 
-async def carry_out(obj: Mapping[str, Any]) -> None:
-    """One step of :func:`res.decide` (and the journal write that may follow an accept)."""
+async def carry_out(obj: Mapping[str, Any], runtime: Runtime) -> None:
+    """One step of :func:`res.decide` (and the journal write that may follow an accept).
+    ``runtime`` is the per-operator state (kopf memo) the CrewJob handler uses: its HTTP
+    session serves the journal write too."""
     meta, spec = obj["metadata"], obj.get("spec") or {}
     status = dict(obj.get("status") or {})
     namespace, name = str(meta["namespace"]), str(meta["name"])
@@ -148,12 +145,13 @@ async def carry_out(obj: Mapping[str, Any]) -> None:
         resolved_by = str(patch["resolution"].get("resolvedBy") or resolved_by)
     else:  # JOURNAL
         resolved_by = str((status.get("resolution") or {}).get("resolvedBy") or resolved_by)
-    await journal(obj, decision.resolution, resolved_by)
+    await journal(obj, decision.resolution, resolved_by=resolved_by, runtime=runtime)
 
 
-async def journal(obj: Mapping[str, Any], resolution: res.Resolution, resolved_by: str) -> None:
+async def journal(obj: Mapping[str, Any], resolution: res.Resolution, *, resolved_by: str,
+                  runtime: Runtime) -> None:
     """Record the resolution in the assigned replica's journal (idempotent route; retried)."""
-    from crewfence_operator.handlers import crewjob as jobs  # its session and client factory
+    from crewfence_operator.handlers import crewjob as jobs  # it imports this module
 
     meta, spec, status = obj["metadata"], obj.get("spec") or {}, obj.get("status") or {}
     namespace, name = str(meta["namespace"]), str(meta["name"])
@@ -168,7 +166,8 @@ async def journal(obj: Mapping[str, Any], resolution: res.Resolution, resolved_b
         replica = next((r for r in parse_replicas(crew or {}) if r.ordinal == ordinal), None)
         if replica is not None and replica.address and token:
             try:
-                client = await _client(namespace, crew_name, replica, token)
+                client = await _client(runtime, crew=(namespace, crew_name), replica=replica,
+                                       token=token)
                 event = await client.resolve(request)
             except SidecarFailure as exc:
                 metrics.observe_sidecar_failure(exc.category.value)
@@ -189,35 +188,24 @@ async def journal(obj: Mapping[str, Any], resolution: res.Resolution, resolved_b
     if await _patch_status(namespace, name, res.journal_patch(
             res.JournalState.PENDING,
             message=f"not journaled yet ({why}); trying again every {RETRY_SECONDS:.0f}s")):
-        _retry_later(namespace, name)
+        _retry_later(namespace, name, runtime)
 
 
-_sessions: dict[int, aiohttp.ClientSession] = {}
-
-
-async def _client(namespace: str, crew: str, replica: Replica, token: str) -> SidecarClient:
-    """A client for the replica, with the same endpoint options (mutual TLS when the operator
-    runs with it) as the CrewJob daemon's."""
-    from crewfence_operator.handlers import crewjob as jobs
+async def _client(runtime: Runtime, *, crew: tuple[str, str], replica: Replica,
+                  token: str) -> SidecarClient:
+    """A client for the replica over the operator's one HTTP session (``runtime``, closed by
+    the CrewJob handler's cleanup), with the same endpoint options (mutual TLS when the
+    operator runs with it) as the CrewJob daemon's."""
+    from crewfence_operator.handlers import crewjob as jobs  # it imports this module
 
     assert replica.address
-    options = await jobs.KubeIO(cache_seconds=0.0).endpoint_options(namespace, crew,
+    namespace, crew_name = crew
+    options = await jobs.KubeIO(cache_seconds=0.0).endpoint_options(namespace, crew_name,
                                                                     replica.ordinal)
-    key = id(asyncio.get_running_loop())
-    session = _sessions.get(key)
-    if session is None or session.closed:
-        session = _sessions[key] = aiohttp.ClientSession()
-    return SidecarClient(session, Endpoint(replica.address, token, **options))
+    return SidecarClient(runtime.session(), Endpoint(replica.address, token, **options))
 
 
-@kopf.on.cleanup()
-async def close_sessions(**_: Any) -> None:
-    for key, session in list(_sessions.items()):
-        await session.close()
-        _sessions.pop(key, None)
-
-
-def _retry_later(namespace: str, name: str) -> None:
+def _retry_later(namespace: str, name: str, runtime: Runtime) -> None:
     """One pending retry per CrewJob: re-read it after RETRY_SECONDS and carry out again
     (level-triggered, so a CrewJob resolved, journaled or deleted meanwhile ends it)."""
     key = (namespace, name)
@@ -231,7 +219,7 @@ def _retry_later(namespace: str, name: str) -> None:
         try:
             obj = await asyncio.to_thread(_get_crewjob_blocking, namespace, name)
             if obj is not None and not (obj.get("metadata") or {}).get("deletionTimestamp"):
-                await carry_out(obj)
+                await carry_out(obj, runtime)
         except Exception:  # a background retry must not die silently
             log.exception("crewjob %s/%s: retrying the resolution's journal write failed",
                           namespace, name)

@@ -80,9 +80,20 @@ def _credentials(definitions: Any) -> dict[str, dict[str, Any]]:
         else:
             provider = llm.model.split("/", 1)[0].upper().replace("-", "_")
             env_name = llm.api_key_env or f"{provider}_API_KEY"
-            state = "present" if os.environ.get(env_name) else "missing"
+            key_file = os.environ.get(f"{env_name}_FILE")  # the _FILE convention (resolve_llm)
+            state = "present" if os.environ.get(env_name) or _non_empty(key_file) else "missing"
         out[crew_id] = {"model": llm.model, "hosted": hosted, "credentials": state}
     return out
+
+
+def _non_empty(path: str | None) -> bool:
+    """True when ``path`` names a readable file holding a non-blank key."""
+    if not path:
+        return False
+    try:
+        return bool(Path(path).read_text(encoding="utf-8").strip())
+    except (OSError, UnicodeDecodeError):
+        return False
 
 
 def load(settings: TemplateSettings) -> tuple[Any, dict[str, Any]]:

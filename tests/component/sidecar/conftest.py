@@ -19,7 +19,7 @@ os.environ.update({"CREWAI_DISABLE_TELEMETRY": "true", "CREWAI_TRACING_ENABLED":
                    "OTEL_SDK_DISABLED": "true", "CREWAI_DISABLE_TRACKING": "true"})
 sys.path.insert(0, str(Path(__file__).parent))
 
-from sidecar_helpers import ALL_OPS, TOKEN, write_crews
+from sidecar_helpers import ALL_OPS, TOKEN, close_in_process, serve_in_process, write_crews
 from worker_support import make_worker_client, worker_template  # noqa: F401 - fixtures
 
 
@@ -54,7 +54,7 @@ def state_dir(tmp_path: Path) -> Path:
 async def make_client(catalog: Any, crews_file: Path, state_dir: Path,
                       tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
     """make_client(env overrides) -> aiohttp TestClient of a real in-process sidecar."""
-    from aiohttp.test_utils import TestClient, TestServer
+    from aiohttp.test_utils import TestClient
     from crewfence_sidecar.config import load_config
     from crewfence_sidecar.server import build_sidecar, crewai_executor, open_journal
 
@@ -72,15 +72,9 @@ async def make_client(catalog: Any, crews_file: Path, state_dir: Path,
         config = load_config([], {k: v for k, v in base.items() if v != ""})
         opened = open_journal(config)
         sidecar = build_sidecar(config, catalog, crewai_executor(catalog), opened)
-        client = TestClient(TestServer(sidecar.app, host="127.0.0.1"))
-        await client.start_server()
-        client.sidecar = sidecar  # type: ignore[attr-defined]
-        client.training_dir = training  # type: ignore[attr-defined]
-        made.append((client, sidecar))
+        client = await serve_in_process(sidecar, made)
+        client.training_dir = training
         return client
 
     yield make
-    for client, sidecar in made:
-        await sidecar.runtime.close()
-        await client.close()
-        sidecar.opened.close()
+    await close_in_process(made)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -78,6 +80,47 @@ def llm_calls() -> int:
     from crewfence_sidecar.offline_llm import call_count
 
     return call_count()
+
+
+async def until_llm_called(before: int, timeout: float = 60) -> None:
+    """Await the offline LLM's call count passing ``before`` (a job is in its model call)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while llm_calls() <= before:
+        assert loop.time() < deadline, "the job never reached the LLM"
+        await asyncio.sleep(0.01)
+
+
+async def serve_in_process(sidecar: Any, made: list[tuple[Any, Any]]) -> Any:
+    """Serve an in-process sidecar on a real loopback socket: its aiohttp TestClient (with
+    ``client.sidecar``), remembered in ``made`` for :func:`close_in_process`."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    client = TestClient(TestServer(sidecar.app, host="127.0.0.1"))
+    await client.start_server()
+    client.sidecar = sidecar
+    made.append((client, sidecar))
+    return client
+
+
+async def close_in_process(made: list[tuple[Any, Any]]) -> None:
+    """Stop what :func:`serve_in_process` started: runtime, server, journal."""
+    for client, sidecar in made:
+        await sidecar.runtime.close()
+        await client.close()
+        sidecar.opened.close()
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def port_is_closed(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) != 0
 
 
 def wait_until(check: Callable[[], T | None], timeout: float = 30.0,

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from crewfence_sidecar.contract import job_path
-from sidecar_helpers import AUTH, headers, llm_calls, start_body
+from sidecar_helpers import AUTH, headers, llm_calls, start_body, until_llm_called
 
 SLOW = "[[sleep:2]] slowly"
 
@@ -23,14 +23,6 @@ async def _admit(c: Any, action_id: str, crew_id: str, operation: str,
                                               input_=input_, **extra),
                      headers=headers(action_id, async_=True))
     assert r.status == 202, await r.text()
-
-
-async def _until_llm_called(before: int, timeout: float = 60) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while llm_calls() <= before:
-        assert loop.time() < deadline, "the job never reached the LLM"
-        await asyncio.sleep(0.01)
 
 
 async def _cancel(c: Any, action_id: str, crew_id: str) -> dict[str, Any]:
@@ -65,7 +57,7 @@ async def test_cancel_each_cancellable_operation_while_running(
         inputs = {"task_id": await _replay_task_id(c), "inputs": {"topic": SLOW}}
     before = llm_calls()
     await _admit(c, f"cancel-{operation}", crew, operation, inputs)
-    await _until_llm_called(before)
+    await until_llm_called(before)
     rec = await _cancel(c, f"cancel-{operation}", crew)
     assert rec["status"] == "cancelled"
     assert rec["uncertain_outcome"] is thread_backed
@@ -92,7 +84,7 @@ async def test_cancel_of_a_stream_closes_it_with_the_cancelled_event(make_client
     resp = await c.post("/jobs/stream", json=start_body("streamed", topic="[[sleep:3]] x"),
                         headers=headers("st"))
     assert resp.status == 200
-    await _until_llm_called(before)
+    await until_llm_called(before)
     await _cancel(c, "streamed", "research")
     text = await asyncio.wait_for(resp.text(), 10)
     names = [ln[7:] for ln in text.splitlines() if ln.startswith("event: ")]

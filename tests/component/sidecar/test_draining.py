@@ -32,6 +32,7 @@ from sidecar_helpers import (
     llm_calls,
     sidecar_env,
     start_body,
+    until_llm_called,
     write_crews,
 )
 
@@ -47,14 +48,6 @@ async def _terminal(c: Any, action_id: str, timeout: float = 60) -> dict[str, An
             return record
         assert loop.time() < deadline, "job did not finish"
         await c.sidecar.runtime.wait_change(action_id, 1.0)
-
-
-async def _until_llm_called(before: int, timeout: float = 60) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while llm_calls() <= before:
-        assert loop.time() < deadline, "the job never reached the LLM"
-        await asyncio.sleep(0.01)
 
 
 async def _health(c: Any) -> dict[str, Any]:
@@ -95,7 +88,7 @@ async def test_draining_refuses_new_admissions_and_keeps_answering_known_ones(
     before = llm_calls()
     r = await c.post("/jobs", json=slow_body, headers=headers("k-slow", async_=True))
     assert r.status == 202
-    await _until_llm_called(before)  # the slow job sits in its LLM call from here on
+    await until_llm_called(before)  # the slow job sits in its LLM call from here on
 
     state = await _drain(c, True)
     assert state == {"draining": True, "unarchived_records": 2}
@@ -181,7 +174,7 @@ async def test_bulk_archive_tombstones_old_terminal_records_only(make_client: An
     slow = start_body("bulk/running", topic=SLOW)
     before = llm_calls()
     assert (await c.post("/jobs", json=slow, headers=headers("k-run", async_=True))).status == 202
-    await _until_llm_called(before)
+    await until_llm_called(before)
     _age(c, "bulk/old-1", 7200)
     _age(c, "bulk/old-2", 3700)
 

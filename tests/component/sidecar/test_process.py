@@ -4,24 +4,20 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import urllib.request
 from pathlib import Path
 
 import pytest
 from crewfence_sidecar.contract import job_path
-from sidecar_helpers import AUTH, SidecarProcess, sidecar_env, start_body, write_crews
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _port_is_closed(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) != 0
+from sidecar_helpers import (
+    AUTH,
+    SidecarProcess,
+    free_port,
+    port_is_closed,
+    sidecar_env,
+    start_body,
+    write_crews,
+)
 
 
 @pytest.fixture
@@ -38,11 +34,11 @@ def state(tmp_path: Path) -> Path:
 
 def _refused(tmp_path: Path, env: dict[str, str], *args: str) -> str:
     """Run the sidecar expecting a refusal: exit 2, one stderr line, port never bound."""
-    port = _free_port()
+    port = free_port()
     proc = SidecarProcess(list(args), {**env, "CREWFENCE_PORT": str(port)},
                           tmp_path / f"refused-{port}.log").start()
     assert proc.wait_exit(60) == 2
-    assert _port_is_closed(port)
+    assert port_is_closed(port)
     lines = proc.stderr_text().strip().splitlines()
     assert len(lines) == 1, lines
     assert lines[0].startswith("crewfence-sidecar: error: ")

@@ -27,10 +27,12 @@ def merge(target: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
     return target
 
 
-@pytest.fixture(autouse=True)
-async def _close_sessions() -> Any:
-    yield
-    await handler.close_sessions()
+@pytest.fixture
+async def runtime() -> Any:
+    """The per-operator state (kopf memo) whose HTTP session the handler uses."""
+    rt = jobs.runtime_of({})
+    yield rt
+    await rt.close()
 
 
 @pytest.fixture
@@ -53,7 +55,8 @@ def api(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
 
 
 async def test_accept_then_journal_once(make_client: Any, api: dict[str, Any],
-                                        monkeypatch: pytest.MonkeyPatch) -> None:
+                                        monkeypatch: pytest.MonkeyPatch,
+                                        runtime: jobs.Runtime) -> None:
     c = await make_client()
     r = await c.post("/jobs", json=start_body("ns/job", topic="bees"),
                      headers=headers("k", async_=True))
@@ -80,7 +83,7 @@ async def test_accept_then_journal_once(make_client: Any, api: dict[str, Any],
                    "conditions": [{"type": "OutcomeUncertain", "status": "True",
                                    "reason": "SidecarRestarted"}]},
     }
-    await handler.carry_out(api["obj"])
+    await handler.carry_out(api["obj"], runtime)
     status = api["obj"]["status"]
     assert status["resolution"]["journal"]["state"] == "Journaled"
     assert status["resolution"]["resolvedBy"] == "kubectl-patch"
@@ -93,14 +96,15 @@ async def test_accept_then_journal_once(make_client: Any, api: dict[str, Any],
     assert status["resolution"]["journal"]["sequence"] == journaled[0]["sequence"]
 
     # Level-triggered: looking again changes nothing and journals nothing more.
-    await handler.carry_out(api["obj"])
+    await handler.carry_out(api["obj"], runtime)
     page = await (await c.get("/jobs/ns%2Fjob/events", headers=AUTH)).json()
     assert [e["event"] for e in page["events"]].count("resolution") == 1
     assert [e[1] for e in api["events"]] == ["Resolved"]
 
 
 async def test_unreachable_sidecar_leaves_it_pending_and_a_retry_journals_it(
-        make_client: Any, api: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+        make_client: Any, api: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
+        runtime: jobs.Runtime) -> None:
     c = await make_client()
     r = await c.post("/jobs", json=start_body("ns/late", topic="bees"),
                      headers=headers("k", async_=True))
@@ -125,7 +129,7 @@ async def test_unreachable_sidecar_leaves_it_pending_and_a_retry_journals_it(
                    "actionId": "ns/late", "assignment": {"ordinal": 0, "pod": "research-0"},
                    "conditions": []},
     }
-    await handler.carry_out(api["obj"])
+    await handler.carry_out(api["obj"], runtime)
     journal = api["obj"]["status"]["resolution"]["journal"]
     assert journal["state"] == "Pending"
     assert "not journaled yet" in journal["message"]

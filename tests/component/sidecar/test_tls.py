@@ -18,7 +18,15 @@ import aiohttp
 import pytest
 from crewfence_operator import certs
 from crewfence_sidecar.contract import job_path
-from sidecar_helpers import SidecarProcess, metric_value, sidecar_env, start_body, write_crews
+from sidecar_helpers import (
+    SidecarProcess,
+    free_port,
+    metric_value,
+    port_is_closed,
+    sidecar_env,
+    start_body,
+    write_crews,
+)
 from tls_pki import (
     ClientFiles,
     ProjectedDir,
@@ -30,17 +38,6 @@ from tls_pki import (
 
 HOSTS = ["127.0.0.1", "localhost"]
 OLD, NEW = "token-old-0123456789", "token-new-9876543210"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _port_is_closed(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) != 0
 
 
 @dataclass
@@ -276,11 +273,11 @@ def test_half_written_rotation_keeps_serving_the_previous_certificate(
 
 
 def _refused(tmp_path: Path, env: dict[str, str]) -> str:
-    port = _free_port()
+    port = free_port()
     proc = SidecarProcess([], {**env, "CREWFENCE_PORT": str(port)},
                           tmp_path / f"refused-{port}.log").start()
     assert proc.wait_exit(60) == 2
-    assert _port_is_closed(port)
+    assert port_is_closed(port)
     lines = proc.stderr_text().strip().splitlines()
     assert len(lines) == 1, lines
     assert lines[0].startswith("crewfence-sidecar: error: ")

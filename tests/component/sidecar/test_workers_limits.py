@@ -1,25 +1,39 @@
-"""Per-job limits on the worker (``CREWFENCE_WORKER_CPU_SECONDS``): a job that burns its CPU
-time dies with SIGXCPU and only that job fails (``worker_died``); the sidecar keeps serving."""
+"""Per-job limits on the worker (``CREWFENCE_WORKER_CPU_SECONDS``,
+``CREWFENCE_WORKER_MEMORY_MB``, from the Crew's ``spec.workerLimits``): a job over its limit
+fails alone; its neighbour and the next admission run; the sidecar keeps serving.
+
+One template serves both tests: every worker gets RLIMIT_CPU of :data:`CPU_SECONDS` and
+RLIMIT_AS of :data:`MEMORY_BYTES` (well above a worker's baseline address space, well below
+``limit_crews.HOG_BYTES``, the one allocation of the ``hog`` crew).
+"""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from crewfence_sidecar.contract import job_path
+from limit_crews import HOG_BYTES
 from sidecar_helpers import AUTH, headers, start_body
-from worker_support import HERE, Template
+from worker_support import HERE, Template, alive
 
 pytestmark = pytest.mark.timeout(180)
+
+CPU_SECONDS = 2
+MEMORY_BYTES = 2 * 1024 * 1024 * 1024
+"""A worker forked from the template starts near 0.75 GiB of address space."""
+assert MEMORY_BYTES < HOG_BYTES
 
 
 @pytest.fixture(scope="module")
 def worker_template(tmp_path_factory: pytest.TempPathFactory, crews_file: Path,
                     crewai_storage: Path) -> Iterator[Template]:
-    """Overrides the session template: this one limits each worker to 2 s of CPU time."""
+    """Overrides the session template: this one limits each worker's CPU time and memory."""
     from crewfence_sidecar.workers.settings import TemplateSettings
     from crewfence_sidecar.workers.supervisor import Supervisor
 
@@ -30,8 +44,9 @@ def worker_template(tmp_path_factory: pytest.TempPathFactory, crews_file: Path,
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), env.get("PYTHONPATH")) if p)
     env["CREWFENCE_TEST_EFFECTS_LOG"] = str(root / "effects.log")
     supervisor = Supervisor.spawn_template(
-        TemplateSettings(registry="worker_crews:CREWS", crews_file=str(crews_file),
-                         training_dir=str(training), cpu_seconds=2), env=env)
+        TemplateSettings(registry="limit_crews:CREWS", crews_file=str(crews_file),
+                         training_dir=str(training), cpu_seconds=CPU_SECONDS,
+                         memory_bytes=MEMORY_BYTES), env=env)
     supervisor.wait_ready()
     yield Template(supervisor, root / "effects.log", training)
     supervisor.close_sync()
@@ -47,4 +62,57 @@ async def test_a_job_over_its_cpu_limit_fails_alone(make_worker_client: Any) -> 
     assert record["error"]["signal"] in ("SIGXCPU", "SIGKILL")  # soft limit, then hard
     assert record["uncertain_outcome"] is True and record["work_stopped"] is True
     r = await c.post("/jobs", json=start_body("after-burn"), headers=headers("after-burn"))
+    assert r.status == 200, await r.text()
+
+
+def _address_space_limit(pid: int) -> str:
+    """The soft RLIMIT_AS of a live process, as /proc shows it (bytes or ``unlimited``)."""
+    for line in Path(f"/proc/{pid}/limits").read_text().splitlines():
+        if line.startswith("Max address space"):
+            return line.split()[3]
+    raise AssertionError(f"no address-space line in /proc/{pid}/limits")
+
+
+async def _first_model_call(template: Template, tag: str, within: float = 30.0) -> int:
+    """The pid of the worker whose model call carried ``tag``, once it has made one."""
+    deadline = time.monotonic() + within
+    while (pid := template.pid_of(tag)) is None:
+        assert time.monotonic() < deadline, f"no model call tagged {tag}"
+        await asyncio.sleep(0.02)
+    return pid
+
+
+async def test_a_job_over_its_memory_limit_fails_alone(make_worker_client: Any,
+                                                       worker_template: Template) -> None:
+    c = await make_worker_client(CREWFENCE_WORKER_SPARES="0")
+    # The neighbour: a three-task job whose model calls each take a second, running in its
+    # own worker while the hog fails.
+    neighbour = start_body("neighbour", crew_id="stuck", topic="TAG-neighbour")
+    r = await c.post("/jobs", json=neighbour, headers=headers("neighbour", async_=True))
+    assert r.status == 202, await r.text()
+    neighbour_pid = await _first_model_call(worker_template, "TAG-neighbour")
+    assert _address_space_limit(neighbour_pid) == str(MEMORY_BYTES)  # the limit is applied
+
+    r = await c.post("/jobs", json=start_body("hog", crew_id="hog", topic="TAG-hog"),
+                     headers=headers("hog"))
+    assert r.status == 502, await r.text()
+    record = await (await c.get(job_path("hog"), headers=AUTH)).json()
+    assert record["status"] == "failed"
+    error = record["error"]
+    if error["code"] == "worker_died":  # the interpreter could not even raise
+        assert record["uncertain_outcome"] is True
+    else:
+        assert error["code"] == "execution_error", error
+        assert error["exception"] == "MemoryError", error
+    hog_pid = worker_template.pid_of("TAG-hog")
+    assert hog_pid is not None and hog_pid != neighbour_pid  # its own worker
+    assert not any(kind == "hogged" for kind, _, _ in worker_template.effect_lines())
+    assert not alive(hog_pid)
+
+    # The neighbour was not touched: its worker is the same process, and it completes.
+    r = await c.post("/jobs", json=neighbour, headers=headers("neighbour"))
+    assert r.status == 200, await r.text()
+    assert worker_template.count("llm", neighbour_pid) >= 3
+    # The next admission runs, under the same limit.
+    r = await c.post("/jobs", json=start_body("after-hog"), headers=headers("after-hog"))
     assert r.status == 200, await r.text()

@@ -40,7 +40,9 @@ def _pids_of(effects: Path, tag: str) -> list[int]:
             if line.startswith("llm ") and line.endswith(tag)]
 
 
-def test_sigkilled_sidecar_takes_its_workers_with_it(tmp_path: Path) -> None:
+def _worker_registry_env(tmp_path: Path) -> tuple[dict[str, str], Path]:
+    """A sidecar environment over the ``worker_crews`` registry (no YAML crews) and the file
+    its workers log their model calls to."""
     state = tmp_path / "state"
     state.mkdir(mode=0o700)
     crews = tmp_path / "crews.yaml"
@@ -50,6 +52,11 @@ def test_sigkilled_sidecar_takes_its_workers_with_it(tmp_path: Path) -> None:
                       CREWFENCE_TEST_EFFECTS_LOG=str(effects),
                       PYTHONPATH=os.pathsep.join(
                           p for p in (str(HERE), os.environ.get("PYTHONPATH")) if p))
+    return env, effects
+
+
+def test_sigkilled_sidecar_takes_its_workers_with_it(tmp_path: Path) -> None:
+    env, effects = _worker_registry_env(tmp_path)
     first = SidecarProcess([], env, tmp_path / "first.log").start().wait_listening()
     try:
         assert first.proc is not None
@@ -104,15 +111,7 @@ def test_without_crewai_the_sidecar_names_the_extra_in_one_line(tmp_path: Path) 
 
 
 def test_a_lost_template_stops_the_sidecar_and_fails_its_jobs(tmp_path: Path) -> None:
-    state = tmp_path / "state"
-    state.mkdir(mode=0o700)
-    crews = tmp_path / "crews.yaml"
-    crews.write_text("crews: {}\n")
-    effects = tmp_path / "effects.log"
-    env = sidecar_env(state / "journal.db", crews, CREWFENCE_REGISTRY="worker_crews:CREWS",
-                      CREWFENCE_TEST_EFFECTS_LOG=str(effects),
-                      PYTHONPATH=os.pathsep.join(
-                          p for p in (str(HERE), os.environ.get("PYTHONPATH")) if p))
+    env, effects = _worker_registry_env(tmp_path)
     first = SidecarProcess([], env, tmp_path / "first.log").start().wait_listening()
     try:
         assert first.proc is not None

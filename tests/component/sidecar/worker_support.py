@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sidecar_helpers import ALL_OPS, TOKEN
+from sidecar_helpers import ALL_OPS, TOKEN, close_in_process, serve_in_process
 
 HERE = Path(__file__).parent
 
@@ -96,7 +96,7 @@ def worker_template(tmp_path_factory: pytest.TempPathFactory, crews_file: Path,
 async def make_worker_client(worker_template: Template, state_dir: Path
                              ) -> AsyncIterator[Callable[..., Any]]:
     """make_worker_client(stop_grace=..., env overrides) -> TestClient of a real sidecar."""
-    from aiohttp.test_utils import TestClient, TestServer
+    from aiohttp.test_utils import TestClient
     from crewfence_sidecar.config import load_config
     from crewfence_sidecar.server import build_sidecar, open_journal
     from crewfence_sidecar.workers.executor import WorkerCrews, WorkerExecutor
@@ -120,19 +120,13 @@ async def make_worker_client(worker_template: Template, state_dir: Path
                                   spares=config.worker_spares)
         executor.prime()
         sidecar = build_sidecar(config, WorkerCrews(supervisor.info), executor, opened)
-        client = TestClient(TestServer(sidecar.app, host="127.0.0.1"))
-        await client.start_server()
-        client.sidecar = sidecar  # type: ignore[attr-defined]
-        client.executor = executor  # type: ignore[attr-defined]
-        made.append((client, sidecar))
+        client = await serve_in_process(sidecar, made)
+        client.executor = executor
         executors.append(executor)
         return client
 
     yield make
-    for client, sidecar in made:
-        await sidecar.runtime.close()
-        await client.close()
-        sidecar.opened.close()
+    await close_in_process(made)
     for executor in executors:
         await executor.close()
     await supervisor.detach()
