@@ -98,7 +98,7 @@ async def serve_in_process(sidecar: Any, made: list[tuple[Any, Any]]) -> Any:
 
     client = TestClient(TestServer(sidecar.app, host="127.0.0.1"))
     await client.start_server()
-    client.sidecar = sidecar
+    client.sidecar = sidecar  # type: ignore[attr-defined]
     made.append((client, sidecar))
     return client
 
@@ -208,3 +208,16 @@ def sidecar_env(state_file: Path | None, crews_file: Path, **more: str) -> dict[
         env["CREWFENCE_STATE_FILE"] = str(state_file)
     env.update(more)
     return {k: v for k, v in env.items() if v != ""}
+
+
+def refused_start(tmp_path: Path, env: dict[str, str], *args: str) -> str:
+    """Run the sidecar expecting a refusal: exit 2, one stderr line, port never bound."""
+    port = free_port()
+    proc = SidecarProcess(list(args), {**env, "CREWFENCE_PORT": str(port)},
+                          tmp_path / f"refused-{port}.log").start()
+    assert proc.wait_exit(60) == 2
+    assert port_is_closed(port)
+    lines = proc.stderr_text().strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("crewfence-sidecar: error: ")
+    return lines[0]

@@ -12,8 +12,7 @@ from crewfence_sidecar.contract import job_path
 from sidecar_helpers import (
     AUTH,
     SidecarProcess,
-    free_port,
-    port_is_closed,
+    refused_start,
     sidecar_env,
     start_body,
     write_crews,
@@ -32,26 +31,13 @@ def state(tmp_path: Path) -> Path:
     return d
 
 
-def _refused(tmp_path: Path, env: dict[str, str], *args: str) -> str:
-    """Run the sidecar expecting a refusal: exit 2, one stderr line, port never bound."""
-    port = free_port()
-    proc = SidecarProcess(list(args), {**env, "CREWFENCE_PORT": str(port)},
-                          tmp_path / f"refused-{port}.log").start()
-    assert proc.wait_exit(60) == 2
-    assert port_is_closed(port)
-    lines = proc.stderr_text().strip().splitlines()
-    assert len(lines) == 1, lines
-    assert lines[0].startswith("crewfence-sidecar: error: ")
-    return lines[0]
-
-
 def test_second_process_on_the_same_journal_exits_non_zero(
         tmp_path: Path, crews: Path, state: Path) -> None:
     journal = state / "journal.db"
     first = SidecarProcess([], sidecar_env(journal, crews), tmp_path / "first.log").start()
     try:
         first.wait_listening()
-        line = _refused(tmp_path, sidecar_env(journal, crews))
+        line = refused_start(tmp_path, sidecar_env(journal, crews))
         assert "owned by another running process" in line
     finally:
         assert first.terminate() == 0
@@ -92,7 +78,7 @@ def test_each_file_rule_violation_refuses_start_up(
     elif violation == "not_a_database":
         journal.write_bytes(b"not sqlite" * 500)
         journal.chmod(0o600)
-    line = _refused(tmp_path, sidecar_env(journal, crews))
+    line = refused_start(tmp_path, sidecar_env(journal, crews))
     assert "journal" in line
 
 
@@ -107,7 +93,7 @@ def test_restore_bound_violation_refuses_start_up(
         now = utc_now()
         j.admit(JobRecord(f"a{i}", "research", "run", "h", Status.RUNNING, 0, now, now), {})
     j.close()
-    line = _refused(tmp_path, sidecar_env(journal, crews, CREWFENCE_MAX_RETAINED_RUNS="2"))
+    line = refused_start(tmp_path, sidecar_env(journal, crews, CREWFENCE_MAX_RETAINED_RUNS="2"))
     assert "CREWFENCE_MAX_RETAINED_RUNS" in line
 
 
@@ -122,7 +108,7 @@ def test_restore_bound_violation_refuses_start_up(
 ])
 def test_bad_configuration_is_one_line_and_no_bind(
         tmp_path: Path, crews: Path, state: Path, env: dict[str, str], fragment: str) -> None:
-    line = _refused(tmp_path, sidecar_env(state / "journal.db", crews, **env))
+    line = refused_start(tmp_path, sidecar_env(state / "journal.db", crews, **env))
     assert fragment in line
     assert "test-token" not in line
 
@@ -130,7 +116,7 @@ def test_bad_configuration_is_one_line_and_no_bind(
 def test_bad_crews_file_refuses_before_bind(tmp_path: Path, state: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("crews:\n  x: {agents: {}, tasks: []}\n")
-    line = _refused(tmp_path, sidecar_env(state / "journal.db", bad))
+    line = refused_start(tmp_path, sidecar_env(state / "journal.db", bad))
     assert "crews" in line
 
 

@@ -6,6 +6,7 @@ tests/e2e/test_crewjob_resolution.py, runs the same path against the real kube-a
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import kopf
@@ -54,22 +55,34 @@ def api(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     return state
 
 
-async def test_accept_then_journal_once(make_client: Any, api: dict[str, Any],
-                                        monkeypatch: pytest.MonkeyPatch,
-                                        runtime: jobs.Runtime) -> None:
+async def _finished_job(make_client: Any, action_id: str) -> Any:
+    """A real in-process sidecar (its TestClient) holding the finished job ``action_id``."""
     c = await make_client()
-    r = await c.post("/jobs", json=start_body("ns/job", topic="bees"),
+    r = await c.post("/jobs", json=start_body(action_id, topic="bees"),
                      headers=headers("k", async_=True))
     assert r.status == 202
-    assert await c.sidecar.runtime.wait_terminal("ns/job", 60)
-    address = f"{c.server.host}:{c.server.port}"
+    assert await c.sidecar.runtime.wait_terminal(action_id, 60)
+    return c
+
+
+def _one_replica_crew(monkeypatch: pytest.MonkeyPatch, address: Callable[[], str | None]
+                      ) -> None:
+    """The Crew the handler reads: one ready replica at ``address()`` (read on every call)."""
 
     async def crew_and_token(namespace: str, crew: str) -> tuple[dict[str, Any], str]:
         return ({"spec": {"replicas": 1}, "status": {"replicas": [
-            {"ordinal": 0, "pod": "research-0", "address": address, "ready": True,
+            {"ordinal": 0, "pod": "research-0", "address": address(), "ready": True,
              "journalId": "j"}]}}, TOKEN)
 
     monkeypatch.setattr(jobs, "read_crew_and_token", crew_and_token)
+
+
+async def test_accept_then_journal_once(make_client: Any, api: dict[str, Any],
+                                        monkeypatch: pytest.MonkeyPatch,
+                                        runtime: jobs.Runtime) -> None:
+    c = await _finished_job(make_client, "ns/job")
+    address = f"{c.server.host}:{c.server.port}"
+    _one_replica_crew(monkeypatch, lambda: address)
     api["obj"] = {
         "apiVersion": "crewfence.dev/v1alpha1", "kind": "CrewJob",
         "metadata": {"name": "job", "namespace": "ns", "uid": "u", "generation": 2,
@@ -105,19 +118,9 @@ async def test_accept_then_journal_once(make_client: Any, api: dict[str, Any],
 async def test_unreachable_sidecar_leaves_it_pending_and_a_retry_journals_it(
         make_client: Any, api: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
         runtime: jobs.Runtime) -> None:
-    c = await make_client()
-    r = await c.post("/jobs", json=start_body("ns/late", topic="bees"),
-                     headers=headers("k", async_=True))
-    assert r.status == 202
-    assert await c.sidecar.runtime.wait_terminal("ns/late", 60)
-    reachable = {"address": None}
-
-    async def crew_and_token(namespace: str, crew: str) -> tuple[dict[str, Any], str]:
-        return ({"spec": {"replicas": 1}, "status": {"replicas": [
-            {"ordinal": 0, "pod": "research-0", "address": reachable["address"],
-             "ready": True, "journalId": "j"}]}}, TOKEN)
-
-    monkeypatch.setattr(jobs, "read_crew_and_token", crew_and_token)
+    c = await _finished_job(make_client, "ns/late")
+    reachable: dict[str, str | None] = {"address": None}
+    _one_replica_crew(monkeypatch, lambda: reachable["address"])
     monkeypatch.setattr(handler, "JOURNAL_BACKOFF_SECONDS", 0.01)
     monkeypatch.setattr(handler, "RETRY_SECONDS", 0.05)
     monkeypatch.setattr(handler, "_get_crewjob_blocking", lambda ns, name: api["obj"])

@@ -20,9 +20,8 @@ from crewfence_operator import certs
 from crewfence_sidecar.contract import job_path
 from sidecar_helpers import (
     SidecarProcess,
-    free_port,
     metric_value,
-    port_is_closed,
+    refused_start,
     sidecar_env,
     start_body,
     write_crews,
@@ -272,24 +271,12 @@ def test_half_written_rotation_keeps_serving_the_previous_certificate(
     assert served_certificate(port, ctx).serial_number != before.serial_number
 
 
-def _refused(tmp_path: Path, env: dict[str, str]) -> str:
-    port = free_port()
-    proc = SidecarProcess([], {**env, "CREWFENCE_PORT": str(port)},
-                          tmp_path / f"refused-{port}.log").start()
-    assert proc.wait_exit(60) == 2
-    assert port_is_closed(port)
-    lines = proc.stderr_text().strip().splitlines()
-    assert len(lines) == 1, lines
-    assert lines[0].startswith("crewfence-sidecar: error: ")
-    return lines[0]
-
-
 def test_all_interfaces_without_tls_exits_with_a_clear_message(tmp_path: Path) -> None:
     crews = write_crews(tmp_path)
     state = tmp_path / "state"
     state.mkdir(mode=0o700)
-    line = _refused(tmp_path, sidecar_env(state / "journal.db", crews,
-                                          CREWFENCE_HOST="0.0.0.0"))
+    line = refused_start(tmp_path, sidecar_env(state / "journal.db", crews,
+                                               CREWFENCE_HOST="0.0.0.0"))
     assert "refusing plain HTTP on 0.0.0.0" in line
     assert "CREWFENCE_INSECURE_PLAINTEXT=1" in line
 
@@ -328,6 +315,6 @@ def test_bad_tls_configuration_refuses_before_bind(
         certs.write_private(tls_dir.path("tls.key").resolve(), other["tls.key"])
     elif change == "with_plaintext":
         env["CREWFENCE_INSECURE_PLAINTEXT"] = "1"
-    line = _refused(tmp_path, env)
+    line = refused_start(tmp_path, env)
     assert fragment in line
     assert "PRIVATE KEY" not in line
