@@ -134,6 +134,7 @@ def test_reapplied_crewjob_finds_its_action_on_the_draining_replica(
     job, first = _run_on(cluster, namespace, 1, "again")
     name = job["metadata"]["name"]
     calls_before = llm_calls(cluster, namespace, CREW)
+    assert calls_before.get(1, 0) > 0, "the first run's model calls (made in a worker) count"
     admitted_before = _admissions(cluster, namespace)
     assert admitted_before == {0: 0.0, 1: 1.0}, admitted_before
 
