@@ -63,6 +63,9 @@ class JobContext:
     """Appends the data of one ``chunk`` event."""
     on_stopped: Callable[[StopReport], None] | None = None
     """Told by a worker executor that it stopped and reaped the job's worker (see workers)."""
+    on_output: Callable[[Any], None] | None = None
+    """Told the operation's output as soon as a worker reports it, before that worker is
+    reaped: the runtime records the completion at once (see ``Runtime._record_output``)."""
 
 
 class Executor(Protocol):
@@ -249,7 +252,8 @@ class Runtime:
         ctx = JobContext(crew_id=req.crew_id, action_id=req.action_id,
                          operation=req.operation.value, input=req.input,
                          training_dir=self.settings.training_dir, emit_chunk=emit_chunk,
-                         on_stopped=job.record_stop if job is not None else None)
+                         on_stopped=job.record_stop if job is not None else None,
+                         on_output=lambda output: self._record_output(req.action_id, output))
         if req.operation is Operation.TRAIN:
             async with self._train_lock:
                 return await self.executor(ctx)
@@ -311,17 +315,28 @@ class Runtime:
             log.warning("job failed: %s", name,
                         extra={"action_id": action_id, "crew_id": record.crew_id})
         else:
-            try:
-                dumps(output)
-            except (TypeError, ValueError):
-                self._finish(action_id, Status.FAILED, None,
-                             {"code": "output_not_serialisable",
-                              "message": "the operation returned output that is not JSON"},
-                             uncertain=False)
-            else:
-                self._finish(action_id, Status.COMPLETED, output, None, uncertain=False)
+            self._record_output(action_id, output)
         finally:
             self._jobs.pop(action_id, None)
+
+    def _record_output(self, action_id: str, output: Any) -> None:
+        """Record a completion (or an output that is not JSON); a no-op once terminal.
+
+        A worker executor calls this when the worker sends its result, before the worker is
+        reaped, so the answer does not wait for the process to be torn down. Sound because
+        the worker has nothing left to run but ``os._exit`` (its threads die with it), and
+        the concurrency slot stays held until the reap: ``maxConcurrency`` still counts
+        live workers. A cancel or timeout arriving in between leaves the record unchanged.
+        """
+        try:
+            dumps(output)
+        except (TypeError, ValueError):
+            self._finish(action_id, Status.FAILED, None,
+                         {"code": "output_not_serialisable",
+                          "message": "the operation returned output that is not JSON"},
+                         uncertain=False)
+        else:
+            self._finish(action_id, Status.COMPLETED, output, None, uncertain=False)
 
     def _append_chunk(self, action_id: str, data: dict[str, Any]) -> None:
         job = self._jobs.get(action_id)

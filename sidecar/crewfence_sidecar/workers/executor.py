@@ -2,12 +2,18 @@
 
 Invariants kept here:
 
-- Reaped before recorded: every path out of :meth:`WorkerExecutor.__call__` (result, error,
-  death, cancel, timeout, sidecar stop) first waits until the worker was reaped; the runtime
-  writes the terminal record only after this returns or raises. A second cancellation while
-  a worker is being stopped does not cut that wait short.
+- Reaped before a stop or a failure is recorded: every path out of
+  :meth:`WorkerExecutor.__call__` but a result (error, death, cancel, timeout, sidecar stop)
+  first waits until the worker was reaped; the runtime writes those terminal records only
+  after this returns or raises. A second cancellation while a worker is being stopped does
+  not cut that wait short. A result is handed to ``JobContext.on_output`` as it arrives (the
+  worker has nothing left to run but its exit), so a blocking answer does not wait for the
+  kernel to tear a process down.
 - Live workers count against maxConcurrency: the runtime holds its concurrency slot for the
-  whole call, and the call lasts until the worker is gone.
+  whole call, and the call lasts until the worker is gone, a result included.
+- Spares never compete with the job that takes one: the pool is refilled when a job ends
+  (its worker reaped), and at take time only when the pool has run dry, so a replacement's
+  fork and warm-up kickoff happen after the job that triggered them, not beside it.
 - Stop = SIGTERM to the group, ``stop_grace`` seconds, SIGKILL, reap; the
   :class:`~crewfence_sidecar.workers.outcomes.StopReport` goes to the runtime through
   ``JobContext.on_stopped`` before the cancellation propagates.
@@ -146,7 +152,8 @@ class WorkerExecutor:
 
     async def __call__(self, ctx: JobContext) -> Any:
         handle = self._take_worker()
-        self._refill()
+        if not self._spares:
+            self._refill()  # run dry: a burst must not find the pool empty twice
         try:
             try:
                 await asyncio.shield(handle.forked)
@@ -157,6 +164,11 @@ class WorkerExecutor:
             await handle.open({"crew_id": ctx.crew_id, "action_id": ctx.action_id,
                                "operation": ctx.operation, "input": ctx.input})
             outcome = await self._follow(handle, ctx)
+            if outcome is not None and ctx.on_output is not None:
+                if outcome["type"] == "result":
+                    ctx.on_output(outcome.get("output"))
+                elif outcome["type"] == "unserialisable":
+                    ctx.on_output(_NotSerialisable())
             exit_status = await asyncio.shield(handle.exited)
             if exit_status.cpu_seconds is not None:
                 self.stats.job_cpu_seconds.append(exit_status.cpu_seconds)
