@@ -2,7 +2,8 @@
 
     .venv/bin/python tests/bench/bench_sidecar_tls.py [--json out.json] [--runs N]
 
-One run on this machine, on loopback, interleaved so every path sees the same load:
+One run on this machine, on loopback, interleaved, each run started once the measured
+processes are quiet (`bench_sidecar.await_quiet`):
 - a blocking `run` through a plain-HTTP sidecar (today's transport);
 - the same through a mutual-TLS sidecar, a fresh connection (full handshake) per run;
 - the same through the mutual-TLS sidecar on a kept-alive connection (the operator's pool);
@@ -32,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_sidecar import (
     AUTH,
     CREWS,
+    await_quiet,
     ms,
     pct,
     private_dir,
@@ -94,10 +96,15 @@ async def run_benchmark(base: Path, runs: int) -> dict[str, Any]:
             await _run(fresh, tls_url, "warm", "warm")
             await _run(pooled, tls_url, "warm-pooled", "warm")
             await catalog.build("research").akickoff(inputs={"topic": "warm"})
+            roots = [plain.proc.pid, tls.proc.pid, os.getpid()]
             for i in range(runs):
+                await await_quiet(roots)
                 lat["plain"].append(await _run(s, plain_url, f"p-{i}", f"topic {i}"))
+                await await_quiet(roots)
                 lat["tls_fresh"].append(await _run(fresh, tls_url, f"f-{i}", f"topic {i}"))
+                await await_quiet(roots)
                 lat["tls_pooled"].append(await _run(pooled, tls_url, f"k-{i}", f"topic {i}"))
+                await await_quiet(roots)
                 t = time.perf_counter()
                 await catalog.build("research").akickoff(inputs={"topic": f"topic {i}"})
                 lat["inproc"].append(time.perf_counter() - t)

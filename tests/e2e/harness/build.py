@@ -67,6 +67,14 @@ TARGETS = (
 )
 
 
+# Built on demand by the tests that need them, into the same cache, outside the stamp: a
+# cache built before a tool existed stays valid and only gains the tool.
+TOOLS = (
+    # The kubelet's volume code (AtomicWriter, fsGroup ownership pass) as a command.
+    Target("kubelet-volume", "./kubeletvolume"),
+)
+
+
 class BuildError(RuntimeError):
     pass
 
@@ -182,3 +190,20 @@ def _build_all(progress: bool) -> Path:
     }
     versions.stamp_file().write_text(json.dumps(stamp, indent=2) + "\n")
     return out
+
+
+def ensure_tool(name: str) -> Path:
+    """The path of a TOOLS binary, built into the cache first if missing (one builder at a
+    time; the control-plane binaries' stamp is not touched)."""
+    target = next(t for t in TOOLS if t.name == name)
+    out = versions.bin_dir()
+    if (out / name).is_file():
+        return out / name
+    if shutil.which("go") is None:
+        raise BuildError(f"`go` is not on PATH; it is needed once to build {name}")
+    out.mkdir(parents=True, exist_ok=True)
+    with (versions.cache_dir() / f".build-{name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (out / name).is_file():
+            _build_one(target, out, versions.cache_dir() / f"build-{name}.log")
+    return out / name
