@@ -39,7 +39,6 @@ from crewfence_operator.crew import tls as crew_tls
 from crewfence_operator.crew.identity import CrewRef
 from crewfence_operator.crew.pod import PodSettings, replica_pod
 from crewfence_operator.crew.resources import crews_configmap, token_secret
-from crewfence_operator.crew.spec import parse_spec
 from crewfence_operator.sidecar_client import Endpoint, SidecarClient
 from crewfence_sidecar.contract import Operation, StartRequest
 from cryptography import x509
@@ -48,23 +47,13 @@ from harness.handles import Cluster
 from harness.podspec import Mount, PodContext, container_env, materialise_volume, rewrite
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "component" / "sidecar"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
 from sidecar_helpers import SidecarProcess
+from tls_pod import LLM_KEY, SPEC, TOKEN
 
 pytestmark = pytest.mark.e2e
 
-TOKEN = "kubelet-token-0123456789abcdef"
-LLM_KEY = "sk-kubelet-llm-key-0123456789"
 NO_NODE = "kubelet-volume-test"  # a node no pod runner serves: nobody starts this pod
-SPEC = parse_spec({
-    "replicas": 1, "operations": ["run"],
-    "llm": {"model": "crewfence/offline",
-            "apiKeySecretRef": {"name": "llm-key", "key": "apiKey"}},
-    "agents": {"researcher": {"role": "Researcher", "goal": "Research {topic}",
-                              "backstory": "Curious."}},
-    "tasks": [{"name": "research", "agent": "researcher", "description": "Research {topic}",
-               "expected_output": "A summary"}],
-    "storage": {"size": "1Gi"},
-})
 
 
 class _Store:

@@ -25,12 +25,12 @@ from crewfence_operator.crew import tls as crew_tls
 from crewfence_operator.crew.identity import CrewRef
 from crewfence_operator.crew.pod import PodSettings, replica_pod
 from crewfence_operator.crew.resources import crews_configmap, token_secret
-from crewfence_operator.crew.spec import parse_spec
 from crewfence_operator.sidecar_client import Endpoint, SidecarClient
 from crewfence_sidecar.contract import Operation, StartRequest
 from sidecar_helpers import SidecarProcess
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "e2e"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "support"))
 from harness.podspec import (  # the pod runner's kubelet emulation
     Mount,
     PodContext,
@@ -38,20 +38,9 @@ from harness.podspec import (  # the pod runner's kubelet emulation
     materialise_volume,
     rewrite,
 )
+from tls_pod import LLM_KEY, SPEC, TOKEN
 
 CREW = CrewRef(name="research", namespace="team-a", uid="uid-1")
-TOKEN = "pod-token-0123456789abcdef"
-LLM_KEY = "sk-test-llm-key-0123456789"
-SPEC = parse_spec({
-    "replicas": 1, "operations": ["run"],
-    "llm": {"model": "crewfence/offline",
-            "apiKeySecretRef": {"name": "llm-key", "key": "apiKey"}},
-    "agents": {"researcher": {"role": "Researcher", "goal": "Research {topic}",
-                              "backstory": "Curious."}},
-    "tasks": [{"name": "research", "agent": "researcher", "description": "Research {topic}",
-               "expected_output": "A summary"}],
-    "storage": {"size": "1Gi"},
-})
 
 
 class SecretStore:
