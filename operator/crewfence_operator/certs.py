@@ -58,9 +58,19 @@ class Issued:
         return f"Issued(subject={self.cert.subject.rfc4514_string()!r})"
 
 
-def new_ca(common_name: str, days: int = 365) -> Issued:
-    """A self-signed CA (EC P-256) that may sign leaf certificates only (path length 0)."""
+def _backdate(lifetime: dt.timedelta) -> dt.timedelta:
+    """How far ``not_valid_before`` lies in the past (clock skew between machines): five
+    minutes, but at most a tenth of a short lifetime, so "a third of the lifetime left" still
+    means what it says for the short lifetimes tests use."""
+    return min(dt.timedelta(minutes=5), lifetime / 10)
+
+
+def new_ca(common_name: str, days: int = 365, *, lifetime: dt.timedelta | None = None) -> Issued:
+    """A self-signed CA (EC P-256) that may sign leaf certificates only (path length 0);
+    valid for ``lifetime`` when given, else ``days``."""
     now = dt.datetime.now(dt.UTC)
+    valid_for = lifetime if lifetime is not None else dt.timedelta(days=days)
+    skew = _backdate(valid_for)
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
     cert = (
@@ -68,8 +78,8 @@ def new_ca(common_name: str, days: int = 365) -> Issued:
         .subject_name(name).issuer_name(name)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=days))
+        .not_valid_before(now - skew)
+        .not_valid_after(now + valid_for)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(x509.KeyUsage(
             digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
@@ -84,8 +94,12 @@ def new_ca(common_name: str, days: int = 365) -> Issued:
 
 def issue(ca: Issued, common_name: str, *, hosts: Iterable[str] = (), server: bool = True,
           client: bool = False, lifetime: dt.timedelta = dt.timedelta(days=365)) -> Issued:
-    """A leaf certificate signed by ``ca``: SANs from ``hosts`` (IPs become IP SANs)."""
+    """A leaf certificate signed by ``ca``: SANs from ``hosts`` (IPs become IP SANs).
+
+    Never valid beyond its CA: ``lifetime`` is cut at the CA's own expiry."""
     now = dt.datetime.now(dt.UTC)
+    not_after = min(now + lifetime, ca.cert.not_valid_after_utc)
+    skew = _backdate(not_after - now)
     key = ec.generate_private_key(ec.SECP256R1())
     usages = ([ExtendedKeyUsageOID.SERVER_AUTH] if server else []) + \
         ([ExtendedKeyUsageOID.CLIENT_AUTH] if client else [])
@@ -95,8 +109,8 @@ def issue(ca: Issued, common_name: str, *, hosts: Iterable[str] = (), server: bo
         .issuer_name(ca.cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + lifetime)
+        .not_valid_before(now - skew)
+        .not_valid_after(not_after)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.key.public_key()),

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from crewfence_operator import constants as c
+from crewfence_operator.crew.cert_manager import CertManagerSettings, CertSource, IssuerRef
 from crewfence_operator.crew.spec import JournalBounds
 
 ENV_PREFIX = "CREWFENCE_OPERATOR_"
@@ -44,6 +45,24 @@ class WebhookConfig:
     without ``-tls``."""
 
 
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off")
+
+
+def parse_sidecar_tls(value: str | None) -> bool:
+    """``CREWFENCE_OPERATOR_SIDECAR_TLS``: unset -> True (mutual TLS); only an explicit false
+    word selects plain HTTP (local development); anything else is a configuration error."""
+    if value is None or value.strip() == "":
+        return True
+    word = value.strip().lower()
+    if word in TRUE_WORDS:
+        return True
+    if word in FALSE_WORDS:
+        return False
+    raise ValueError(f"{ENV_PREFIX}SIDECAR_TLS={value!r}: use 1/true/yes/on (mutual TLS, the "
+                     "default) or 0/false/no/off (plain HTTP, local development only)")
+
+
 @dataclass(frozen=True)
 class OperatorConfig:
     namespaces: tuple[str, ...] = ()
@@ -58,19 +77,43 @@ class OperatorConfig:
     sidecar_image: str = c.DEFAULT_IMAGE
     image_pull_policy: str = "IfNotPresent"
     sidecar_port: int = c.SIDECAR_PORT
-    sidecar_tls: bool = False
+    sidecar_tls: bool = True
     """Operator <-> sidecar over mutual TLS with a CA per Crew; the token, keys and the LLM
-    API key as files (``crew/tls.py``, ``crew/credentials.py``)."""
+    API key as files (``crew/tls.py``, ``crew/credentials.py``). On by default, for a bare
+    ``crewfence-operator`` as in the chart. Invariant (plaintext only when asked for):
+    ``CREWFENCE_OPERATOR_SIDECAR_TLS`` turns it off only with an explicit false word
+    (``0``/``false``/``no``/``off``); an unset or empty value keeps TLS and any other value
+    is refused (``parse_sidecar_tls``), so a typo never downgrades to plain HTTP."""
+    cert_source: CertSource = CertSource.OPERATOR
+    """Who issues the mutual-TLS certificates (``CREWFENCE_OPERATOR_CERT_SOURCE``): the
+    operator's own CA per Crew (``crew/tls.py``) or cert-manager (``crew/cert_manager.py``;
+    the chart's ``certManager.enabled``). Same Secret names and files either way."""
+    cert_manager_issuer: str | None = None
+    """``CREWFENCE_OPERATOR_CERT_MANAGER_ISSUER``: an existing ``NAME``, ``Issuer/NAME`` or
+    ``ClusterIssuer/NAME`` to sign with instead of a CA per Crew (cert-manager source only)."""
     status_interval: float = 5.0
     """Seconds between replica status refreshes (per Crew daemon)."""
     audit_interval: float = 15.0
     """Seconds between shared-state audits (per Crew)."""
     health_timeout: float = 3.0
     """Seconds to wait for a replica's /health."""
+    ca_lifetime_seconds: float = 3650 * 86400.0
+    """Lifetime of a Crew's CA (``CA_LIFETIME_SECONDS``); it is renewed, with a trust overlap,
+    once a third of it is left (``crew/ca_rotation.py``). Short values are for tests."""
+    leaf_lifetime_seconds: float = 90 * 86400.0
+    """Lifetime of serving and client certificates (``LEAF_LIFETIME_SECONDS``), cut at their
+    CA's expiry; re-issued once a third of it is left."""
     webhook: WebhookConfig = field(default_factory=WebhookConfig)
     journal_defaults: JournalBounds = field(default_factory=JournalBounds)
     """Journal bounds for Crews that do not set spec.journal (the sidecar's own otherwise)."""
     verbose: bool = False
+
+    def cert_manager_settings(self) -> CertManagerSettings | None:
+        """The cert-manager choices when it is the certificate source, else None."""
+        if self.cert_source is not CertSource.CERT_MANAGER:
+            return None
+        issuer = IssuerRef.parse(self.cert_manager_issuer) if self.cert_manager_issuer else None
+        return CertManagerSettings(issuer=issuer)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorConfig:
@@ -119,10 +162,14 @@ class OperatorConfig:
             metrics_port=get_int("METRICS_PORT", 9090),
             sidecar_image=get("SIDECAR_IMAGE") or c.DEFAULT_IMAGE,
             image_pull_policy=get("IMAGE_PULL_POLICY") or "IfNotPresent",
-            sidecar_tls=get_bool("SIDECAR_TLS", False),
+            sidecar_tls=parse_sidecar_tls(get("SIDECAR_TLS")),
+            cert_source=CertSource(get("CERT_SOURCE") or CertSource.OPERATOR),
+            cert_manager_issuer=_checked_issuer(get("CERT_MANAGER_ISSUER")),
             status_interval=get_float("STATUS_INTERVAL", 5.0),
             audit_interval=get_float("AUDIT_INTERVAL", 15.0),
             health_timeout=get_float("HEALTH_TIMEOUT", 3.0),
+            ca_lifetime_seconds=get_float("CA_LIFETIME_SECONDS", 3650 * 86400.0),
+            leaf_lifetime_seconds=get_float("LEAF_LIFETIME_SECONDS", 90 * 86400.0),
             webhook=webhook,
             journal_defaults=JournalBounds(
                 max_retained_runs=get_opt_int("SIDECAR_MAX_RETAINED_RUNS"),
@@ -133,6 +180,13 @@ class OperatorConfig:
             ),
             verbose=get_bool("VERBOSE", False),
         )
+
+
+def _checked_issuer(value: str | None) -> str | None:
+    """Refuse a malformed issuer reference at start-up rather than on the first Crew."""
+    if value is not None:
+        IssuerRef.parse(value)
+    return value
 
 
 _current: OperatorConfig | None = None

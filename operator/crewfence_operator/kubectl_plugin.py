@@ -11,18 +11,29 @@ kubectl plugin conventions: found as ``kubectl-crewfence`` on the PATH; ``--name
 for machine-readable output. It only reads CrewJobs and Crews, sets ``spec.resolution`` (field
 manager ``kubectl-crewfence``, which the operator records as who resolved) and creates
 successor CrewJobs; the API server's CEL rules and the operator enforce the rest.
+
+``explain`` also asks the assigned replica's sidecar for its record, with the user's own kube
+credentials reading what the operator itself uses: the Crew's token Secret and, with mutual
+TLS (the default), the Crew's CA Secret, from which it presents a client certificate of that
+CA as the operator does (with cert-manager: the operator's client certificate Secret).
+Invariants: the replica's certificate is verified against the Crew's CA **and** the
+replica's DNS name (never plain HTTP to a Crew that has TLS material); a Secret the user may
+not read (403) is said in one line and the status-side evidence is shown without the
+sidecar's record; no token or key is ever printed.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
 import re
+import ssl
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -31,6 +42,11 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from crewfence_operator import constants as c
+from crewfence_operator.crew import cert_manager, cert_manager_apply
+from crewfence_operator.crew import tls as crew_tls
+from crewfence_operator.crew.ca_rotation import CaState
+from crewfence_operator.crew.identity import CrewRef
+from crewfence_operator.crew.token_roll import sending_token
 from crewfence_operator.crewjob import resolution as res
 from crewfence_operator.crewjob import supersede
 
@@ -178,7 +194,8 @@ def explain_text(ev: Mapping[str, Any]) -> str:
     sidecar = ev["sidecar"]
     record = sidecar["record"]
     if record:
-        lines.append(f"  The sidecar's record: status {record.get('status')}, uncertain_outcome "
+        lines.append(f"  The sidecar's record ({sidecar['note']}): status {record.get('status')}, "
+                     f"uncertain_outcome "
                      f"{record.get('uncertain_outcome')}, error "
                      f"{(record.get('error') or {}).get('code')}, {record.get('event_count')} "
                      "events:")
@@ -233,6 +250,104 @@ def successor_body(pred: Mapping[str, Any], name: str) -> dict[str, Any]:
 
 
 # --- sidecar evidence (best effort: the pod network may be out of reach) ----------------------
+class EvidenceUnavailable(Exception):
+    """Why the sidecar was not asked: one line, shown as the sidecar's record note."""
+
+
+@dataclass(frozen=True)
+class SidecarAccess:
+    """How to reach one replica the way the operator does. Never printed (keys, token)."""
+
+    address: str
+    token: str = field(repr=False)
+    context: ssl.SSLContext | None = field(default=None, repr=False)
+    """Trusts the Crew's CA(s) and presents a client certificate of it; None: plain HTTP."""
+    server_name: str | None = None
+    """The replica's DNS name its certificate must carry (checked on the connection)."""
+    source: str = "plain HTTP (the Crew has no CA)"
+    """Where the client certificate came from, in words."""
+
+
+def secret_refused_note(namespace: str, secret: str, holds: str) -> str:
+    """The one line ``explain`` shows when the user's RBAC does not allow reading a Secret."""
+    return (f"not asked: you may not read Secret {namespace}/{secret} (403 Forbidden), which "
+            f"holds {holds}; showing the CrewJob's own status only")
+
+
+def _read_secret(kube: Kube, name: str, holds: str) -> dict[str, Any] | None:
+    """The Secret's data as ``{"data": {key: base64}}``; None when it does not exist."""
+    try:
+        secret = kube.core.read_namespaced_secret(name, kube.namespace)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        if exc.status == 403:
+            raise EvidenceUnavailable(secret_refused_note(kube.namespace, name, holds)) \
+                from None
+        raise EvidenceUnavailable(f"cannot read Secret {kube.namespace}/{name} "
+                                  f"({exc.status})") from None
+    return {"data": dict(secret.data or {})}
+
+
+def client_tls(kube: Kube, crew: str) -> tuple[ssl.SSLContext | None, str]:
+    """The client side of mutual TLS with the Crew's sidecars, from the operator's Secrets:
+    its own CA per Crew (``<crew>-crewfence-ca``: a client certificate of the signing CA,
+    verification against the trust bundle, as the operator does), else cert-manager's
+    ``<crew>-crewfence-operator-client``; (None, ...) when the Crew has neither (plain HTTP,
+    an operator run with ``CREWFENCE_OPERATOR_SIDECAR_TLS=0``). A Secret the user may not
+    read is skipped while the other one can be used; when neither can, the first refusal is
+    what ``EvidenceUnavailable`` says."""
+    ca_name = crew_tls.ca_secret_name(crew)
+    refused: list[EvidenceUnavailable] = []
+    try:
+        ca_secret = _read_secret(kube, ca_name, "the Crew's CA (mutual TLS)")
+    except EvidenceUnavailable as exc:
+        ca_secret, refused = None, [exc]
+    if ca_secret is not None:
+        state = CaState.from_secret(ca_secret)
+        if state is None:
+            raise EvidenceUnavailable(f"not asked: Secret {kube.namespace}/{ca_name} holds no "
+                                      "usable CA")
+        material = crew_tls.CrewClientTLS.for_ca(state.signing, state.trust)
+        return material.context, "a client certificate of the Crew's CA"
+    client_name = cert_manager.operator_client_name(crew)
+    try:
+        client_secret = _read_secret(kube, client_name,
+                                     "the operator's client certificate (cert-manager)")
+    except EvidenceUnavailable as exc:
+        raise (refused[0] if refused else exc) from None
+    if client_secret is not None:
+        issued = cert_manager_apply.client_tls_from_secret(client_secret)
+        if issued is None:
+            raise EvidenceUnavailable(f"not asked: Secret {kube.namespace}/{client_name} is "
+                                      "not completely issued yet")
+        return issued.context, "the operator's client certificate (cert-manager)"
+    if refused:
+        raise refused[0]
+    return None, "plain HTTP (the Crew has no CA)"
+
+
+def sidecar_access(kube: Kube, crew: Mapping[str, Any], ordinal: int) -> SidecarAccess:
+    """The replica's address, the token the operator sends and, when the Crew has TLS
+    material, the client context and the name to verify; raises ``EvidenceUnavailable``."""
+    from crewfence_operator.crewjob.replicas import parse_replicas
+
+    name = str(crew["metadata"]["name"])
+    token_secret = _read_secret(kube, c.token_secret_name(name), "the Crew's bearer token")
+    raw = ((token_secret or {}).get("data") or {}).get(c.TOKEN_SECRET_KEY)
+    token = sending_token(base64.b64decode(raw).decode() if raw else None)
+    if token is None:
+        raise EvidenceUnavailable(f"not asked: Secret {kube.namespace}/"
+                                  f"{c.token_secret_name(name)} holds no token")
+    context, source = client_tls(kube, name)
+    replica = next((r for r in parse_replicas(crew) if r.ordinal == ordinal), None)
+    if replica is None or not replica.address:
+        raise EvidenceUnavailable(f"replica {ordinal} has no address now")
+    server_name = crew_tls.replica_dns_name(CrewRef(name, kube.namespace, ""), ordinal) \
+        if context is not None else None
+    return SidecarAccess(replica.address, token, context, server_name, source)
+
+
 def sidecar_evidence(kube: Kube, obj: Mapping[str, Any]) -> tuple[Any, Any, str]:
     status = obj.get("status") or {}
     assignment = status.get("assignment") or {}
@@ -242,38 +357,36 @@ def sidecar_evidence(kube: Kube, obj: Mapping[str, Any]) -> tuple[Any, Any, str]
     try:
         crew = kube.api.get_namespaced_custom_object(c.GROUP, c.VERSION, kube.namespace,
                                                      c.CREW_PLURAL, crew_name)
-        secret = kube.core.read_namespaced_secret(c.token_secret_name(crew_name),
-                                                  kube.namespace)
     except ApiException as exc:
-        return None, None, f"cannot read the Crew or its token ({exc.status})"
-    from base64 import b64decode
-
-    from crewfence_operator.crewjob.replicas import parse_replicas
-    token = b64decode((secret.data or {}).get(c.TOKEN_SECRET_KEY, "")).decode()
-    replica = next((r for r in parse_replicas(crew) if r.ordinal == assignment["ordinal"]),
-                   None)
-    if replica is None or not replica.address:
-        return None, None, f"replica {assignment['ordinal']} has no address now"
+        return None, None, f"cannot read Crew {crew_name} ({exc.status})"
     try:
-        return asyncio.run(_fetch(replica.address, token, supersede.effective_action_id(obj)))
-    except Exception as exc:
-        return None, None, f"the sidecar at {replica.address} could not be asked: " \
+        access = sidecar_access(kube, crew, int(assignment["ordinal"]))
+    except EvidenceUnavailable as exc:
+        return None, None, str(exc)
+    try:
+        return asyncio.run(_fetch(access, supersede.effective_action_id(obj)))
+    except Exception as exc:  # transport, TLS verification, a malformed answer: say which
+        return None, None, f"the sidecar at {access.address} could not be asked: " \
                            f"{type(exc).__name__}"
 
 
-async def _fetch(address: str, token: str, action_id: str) -> tuple[Any, Any, str]:
+async def _fetch(access: SidecarAccess, action_id: str) -> tuple[Any, Any, str]:
     import aiohttp
 
     from crewfence_operator.sidecar_client import Endpoint, SidecarClient
+    endpoint = Endpoint(access.address, access.token, ssl_context=access.context,
+                        server_name=access.server_name)
     async with aiohttp.ClientSession() as session:
-        sidecar = SidecarClient(session, Endpoint(address, token))
+        sidecar = SidecarClient(session, endpoint)
         lookup = await sidecar.get_job(action_id)
         if lookup.record is None:
             return None, None, ("archived (tombstone)" if lookup.tombstone
                                 else "the sidecar does not know the action")
         page = await sidecar.events_page(action_id, 0)
+        how = (f"over mutual TLS with {access.source}, verified as {access.server_name}"
+               if access.context is not None else f"over {access.source}")
         return (lookup.record.to_wire(), [e.to_wire() for e in page.events],
-                f"from {address}")
+                f"from {access.address} {how}")
 
 
 # --- commands ----------------------------------------------------------------------------------

@@ -53,7 +53,18 @@ WEBHOOK_MANAGED_RULES: Final[list[PolicyRule]] = [
 ]
 
 
-def rules(*, managed_webhook: bool = False) -> list[PolicyRule]:
-    """The ClusterRole rules; ``managed_webhook`` adds what the out-of-cluster mode needs."""
-    extra = WEBHOOK_MANAGED_RULES if managed_webhook else []
+CERT_MANAGER_RULES: Final[list[PolicyRule]] = [
+    # CREWFENCE_OPERATOR_CERT_SOURCE=cert-manager only (chart: certManager.enabled):
+    # crew/cert_manager_apply.py reads, creates and updates (replace) each Crew's Issuers and
+    # Certificates; cert-manager itself writes the Secrets (read with the Secret rule above).
+    {"apiGroups": ["cert-manager.io"], "resources": ["issuers", "certificates"],
+     "verbs": ["get", "create", "update"]},
+]
+
+
+def rules(*, managed_webhook: bool = False, cert_manager: bool = False) -> list[PolicyRule]:
+    """The ClusterRole rules; ``managed_webhook`` adds what the out-of-cluster mode needs,
+    ``cert_manager`` what the cert-manager certificate source needs."""
+    extra = [*(WEBHOOK_MANAGED_RULES if managed_webhook else []),
+             *(CERT_MANAGER_RULES if cert_manager else [])]
     return [dict(rule) for rule in (*OPERATOR_RULES, *extra)]

@@ -15,6 +15,13 @@ Invariants kept here:
   no client certificate; every other route answers 401 without a verified client
   certificate (``client_certificate_middleware``), before the bearer token is even looked at.
   One port, one listener: nothing else can be reached by a client without a certificate.
+* **Only the current client-CA file counts.** The file may hold several CAs (the Crew's trust
+  bundle while its CA is renewed); a certificate of any of them is accepted, and once a CA
+  leaves the file, a new handshake with its certificates fails. A *resumed* TLS 1.2 session
+  (session id cache; TLS 1.3 tickets are off) would skip that check and keep the peer
+  certificate of a handshake made before the change, so a resumed session is not taken as
+  a verified client certificate (the operator never resumes sessions; ``/health`` and
+  ``/metrics`` need no certificate anyway).
 * **Owner-only key.** The private key file obeys the same rule as the token file.
 """
 
@@ -128,10 +135,15 @@ def has_verified_client_certificate(request: web.Request) -> bool:
     """True when the connection presented a client certificate that the handshake verified.
 
     Under ``CERT_OPTIONAL`` an unverifiable certificate fails the handshake, so a non-empty
-    ``peercert`` here is a verified one.
+    ``peercert`` here is a verified one, unless the session was resumed: then the
+    certificate was verified against the client-CA file of an earlier handshake, which may
+    have dropped its CA since.
     """
     transport = request.transport
     if transport is None or transport.get_extra_info("sslcontext") is None:
+        return False
+    ssl_object = transport.get_extra_info("ssl_object")
+    if ssl_object is None or ssl_object.session_reused:
         return False
     return bool(transport.get_extra_info("peercert"))
 

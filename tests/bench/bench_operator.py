@@ -36,8 +36,8 @@ from crewjob_support import (  # noqa: E402
     EXAMPLES,
     TERMINAL,
     apply_file,
+    crew_access,
     crew_replicas,
-    crew_token,
     crewjob_manifest,
     llm_calls,
     metric_total,
@@ -72,11 +72,11 @@ def api_writes(cluster: Cluster) -> dict[str, float]:
 
 
 def admissions(cluster: Cluster, namespace: str) -> float:
-    token = crew_token(cluster, namespace, "research")
+    access = crew_access(cluster, namespace, "research")
     total = 0.0
     for rep in crew_replicas(cluster, namespace, "research"):
         if rep.get("address"):
-            status, text = sidecar_get(rep["address"], "/metrics", token)
+            status, text = sidecar_get(rep, "/metrics", access)
             if status == 200:
                 total += metric_total(text, "crewfence_sidecar_admissions_total")
     return total

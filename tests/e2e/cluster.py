@@ -5,6 +5,8 @@
     python tests/e2e/cluster.py up [--with-operator]  # start in the background; prints
                                                       # KUBECONFIG= and KUBE_BIN=, then returns
     python tests/e2e/cluster.py down                  # stop everything `up` started
+    python tests/e2e/cluster.py cert-manager          # build (or find cached) cert-manager for
+                                                      # tests/e2e/test_mtls_cert_manager.py
 
 State (certificates, etcd data, logs, pidfiles) lives in .e2e/cluster/ of the repository
 unless --state-dir says otherwise.
@@ -18,13 +20,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import build, controlplane
+from harness import build, certmanager, controlplane
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("bin", help="build (or find cached) etcd, kube-apiserver, kubectl, helm")
+    sub.add_parser("cert-manager", help="build (or find cached) cert-manager's controllers")
     up = sub.add_parser("up", help="start the control plane in the background")
     up.add_argument(
         "--with-operator", action="store_true", help="also install CRDs, start operator"
@@ -35,6 +38,13 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--state-dir", type=Path, default=controlplane.DEFAULT_STATE_DIR)
     args = parser.parse_args(argv)
 
+    if args.command == "cert-manager":
+        try:
+            print(f"CERT_MANAGER={certmanager.ensure_built()}")
+        except certmanager.BuildError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        return 0
     if args.command == "down":
         stopped = controlplane.down(args.state_dir)
         print(f"stopped: {', '.join(stopped) or 'nothing was running'}")

@@ -1,23 +1,36 @@
 """Helpers shared by the CrewJob e2e tests, the demo and the operator benchmark.
 
-Everything goes through kubectl (as a user would) or the sidecar's own HTTP API (with the
-Crew's token, read from its Secret), never through operator internals.
+Everything goes through kubectl (as a user would) or the sidecar's own HTTP API, never
+through operator internals. The sidecar is reached the way the operator reaches it
+(``crew_access``): HTTPS verified against the Crew's CA and the replica's DNS name, with a
+client certificate of that CA and the Crew's token, all read from the Secrets the operator
+creates; plain HTTP only for a Crew without a CA (an operator started with
+``CREWFENCE_OPERATOR_SIDECAR_TLS=0``).
 """
 
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import re
+import ssl
 import urllib.request
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
 import yaml
+from crewfence_operator.crew import tls as crew_tls
+from crewfence_operator.crew.ca_rotation import CaState
+from crewfence_operator.crew.cert_manager import operator_client_name
+from crewfence_operator.crew.cert_manager_apply import client_tls_from_secret
+from crewfence_operator.crew.identity import CrewRef
+from crewfence_operator.crew.token_roll import sending_token
 from harness import controlplane
 from harness.handles import Cluster, wait_until
 
@@ -128,14 +141,88 @@ def crew_token(cluster: Kubectl, namespace: str, crew: str) -> str:
     return base64.b64decode(secret["data"]["token"]).decode()
 
 
-def sidecar_get(address: str, path: str, token: str, timeout: float = 10) -> tuple[int, str]:
-    req = urllib.request.Request(f"http://{address}{path}",
-                                 headers={"Authorization": f"Bearer {token}"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return int(resp.status), resp.read().decode()
-    except urllib.error.HTTPError as exc:
-        return int(exc.code), exc.read().decode()
+class _ReplicaHTTPS(http.client.HTTPSConnection):
+    """HTTPS to a replica's address (its pod IP) that verifies the served certificate for
+    the replica's DNS name, as the operator does (``server_hostname``), not for the IP."""
+
+    def __init__(self, host: str, port: int, *, context: ssl.SSLContext, server_name: str,
+                 timeout: float) -> None:
+        super().__init__(host, port, timeout=timeout, context=context)
+        self._tls_context, self._server_name = context, server_name
+
+    def connect(self) -> None:
+        http.client.HTTPConnection.connect(self)
+        self.sock = self._tls_context.wrap_socket(self.sock, server_hostname=self._server_name)
+
+
+@dataclass(frozen=True)
+class SidecarAccess:
+    """What a client needs to talk to one Crew's sidecars the way the operator does."""
+
+    namespace: str
+    crew: str
+    token: str = field(repr=False)
+    """The token the operator sends (the first line during a token roll)."""
+    context: ssl.SSLContext | None = field(default=None, repr=False)
+    """Trusts the Crew's CA(s), presents a client certificate of it; None: plain HTTP."""
+
+    def server_name(self, ordinal: int) -> str:
+        return crew_tls.replica_dns_name(CrewRef(self.crew, self.namespace, ""), ordinal)
+
+    def request(self, replica: Mapping[str, Any], path: str, *, method: str = "GET",
+                body: bytes | None = None, headers: Mapping[str, str] | None = None,
+                timeout: float = 10) -> tuple[int, str]:
+        """One request to the replica of a Crew status entry (``address``, ``ordinal``):
+        ``(HTTP status, body text)``. A certificate that does not name this replica raises
+        ``ssl.SSLCertVerificationError``."""
+        status, _, text = self.exchange(replica, path, method=method, body=body,
+                                        headers=headers, timeout=timeout)
+        return status, text
+
+    def exchange(self, replica: Mapping[str, Any], path: str, *, method: str = "GET",
+                 body: bytes | None = None, headers: Mapping[str, str] | None = None,
+                 timeout: float = 10) -> tuple[int, dict[str, str], str]:
+        """Like ``request``, with the answer's headers."""
+        host, _, port = str(replica["address"]).rpartition(":")
+        conn: http.client.HTTPConnection
+        if self.context is None:
+            conn = http.client.HTTPConnection(host.strip("[]"), int(port), timeout=timeout)
+        else:
+            conn = _ReplicaHTTPS(host.strip("[]"), int(port), context=self.context,
+                                 server_name=self.server_name(int(replica["ordinal"])),
+                                 timeout=timeout)
+        try:
+            conn.request(method, path, body=body,
+                         headers={"Authorization": f"Bearer {self.token}", **(headers or {})})
+            resp = conn.getresponse()
+            return int(resp.status), dict(resp.getheaders()), resp.read().decode()
+        finally:
+            conn.close()
+
+
+def crew_access(cluster: Kubectl, namespace: str, crew: str) -> SidecarAccess:
+    """The Crew's token and, when the Crew has TLS material (mutual TLS, the default), a
+    context like the operator's, from the Secrets the operator keeps: with its own CA per
+    Crew, a client certificate of the signing CA (``CrewClientTLS``) verified against the
+    trust bundle (both CAs while the CA rotates); with cert-manager, the operator's client
+    certificate Secret itself. Neither: plain HTTP (``CREWFENCE_OPERATOR_SIDECAR_TLS=0``)."""
+    token = sending_token(crew_token(cluster, namespace, crew)) or ""
+    context: ssl.SSLContext | None = None
+    state = CaState.from_secret(
+        cluster.get_json("secret", crew_tls.ca_secret_name(crew), "-n", namespace))
+    if state is not None:
+        context = crew_tls.CrewClientTLS.for_ca(state.signing, state.trust).context
+    else:
+        issued = client_tls_from_secret(cluster.get_json(
+            "secret", operator_client_name(crew), "-n", namespace))
+        context = issued.context if issued is not None else None
+    return SidecarAccess(namespace, crew, token, context)
+
+
+def sidecar_get(replica: Mapping[str, Any], path: str, access: SidecarAccess,
+                timeout: float = 10) -> tuple[int, str]:
+    """``GET path`` on the replica of a Crew status entry, as the operator would."""
+    return access.request(replica, path, timeout=timeout)
 
 
 def metric_total(text: str, name: str) -> float:
@@ -151,12 +238,12 @@ def metric_total(text: str, name: str) -> float:
 
 def llm_calls(cluster: Kubectl, namespace: str, crew: str) -> dict[int, float]:
     """crewfence_offline_llm_calls_total per ready replica ordinal (process-lifetime counters)."""
-    token = crew_token(cluster, namespace, crew)
+    access = crew_access(cluster, namespace, crew)
     out: dict[int, float] = {}
     for rep in crew_replicas(cluster, namespace, crew):
         if not rep.get("address"):
             continue
-        status, text = sidecar_get(rep["address"], "/metrics", token)
+        status, text = sidecar_get(rep, "/metrics", access)
         if status == 200:
             out[int(rep["ordinal"])] = metric_total(text, "crewfence_offline_llm_calls_total")
     return out
@@ -166,9 +253,9 @@ def sidecar_record(cluster: Kubectl, namespace: str, crew: str, ordinal: int,
                    action_id: str) -> tuple[int, dict[str, Any] | None]:
     from urllib.parse import quote
 
-    token = crew_token(cluster, namespace, crew)
+    access = crew_access(cluster, namespace, crew)
     rep = next(r for r in crew_replicas(cluster, namespace, crew) if r["ordinal"] == ordinal)
-    status, text = sidecar_get(rep["address"], f"/jobs/{quote(action_id, safe='')}", token)
+    status, text = sidecar_get(rep, f"/jobs/{quote(action_id, safe='')}", access)
     return status, (json.loads(text) if text.startswith("{") else None)
 
 

@@ -85,6 +85,12 @@ def run_demo(keep: bool) -> int:
             show(cluster, "apply", "-n", NAMESPACE, "-f", str(EXAMPLES / "crew-research.yaml")),
             wait_crew_ready(cluster, NAMESPACE, "research", 2, timeout=300)))
         show(cluster, "get", "crews,pods,pvc", "-n", NAMESPACE)
+        say("The operator talks to the sidecars over mutual TLS (the default): it keeps a CA "
+            "per Crew and a serving certificate per replica in Secrets the Crew owns, renews "
+            "them before they expire, and presents a client certificate of that CA on every "
+            "call. The token, keys and model API key reach the pods as files, never as "
+            "environment variables.")
+        show(cluster, "get", "secrets", "-n", NAMESPACE)
 
         say("A CrewJob is one Action. Its action id defaults to <namespace>/<name>, so "
             "applying the same manifest again is an exact repeat, never a second run.")

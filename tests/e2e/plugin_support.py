@@ -30,10 +30,11 @@ def plugin_dir(tmp: Path) -> Path:
     return folder
 
 
-def kubectl_plugin(cluster: Cluster, folder: Path,
-                   *args: str) -> subprocess.CompletedProcess[str]:
-    """``kubectl crewfence ...`` through kubectl's own plugin lookup on the PATH."""
-    env = dict(os.environ, KUBECONFIG=str(cluster.kubeconfig),
+def kubectl_plugin(cluster: Cluster, folder: Path, *args: str,
+                   kubeconfig: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """``kubectl crewfence ...`` through kubectl's own plugin lookup on the PATH, as the
+    cluster's admin or as the user of ``kubeconfig`` (e.g. a ServiceAccount's token)."""
+    env = dict(os.environ, KUBECONFIG=str(kubeconfig or cluster.kubeconfig),
                PATH=f"{folder}{os.pathsep}{os.environ.get('PATH', '')}")
     return subprocess.run([str(cluster.kube_bin / "kubectl"), "crewfence", *args],
                           capture_output=True, text=True, timeout=120, env=env)

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import base64
 import json
-import urllib.request
+import ssl
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from crewjob_support import SidecarAccess, crew_access, sidecar_get
 from harness.handles import Cluster, Operator, PodRunner, wait_until
+from harness.operator_launch import operator_env
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "crew-research.yaml"
@@ -49,10 +51,13 @@ def _token(cluster: Cluster, ns: str, crew: str = "research") -> str:
 def test_crew_gets_children_and_status(
     cluster: Cluster, operator_process: Operator, namespace: str
 ) -> None:
+    # A bare operator (no CREWFENCE_OPERATOR_SIDECAR_TLS in its environment) talks mutual TLS.
+    assert "CREWFENCE_OPERATOR_SIDECAR_TLS" not in operator_env(operator_process.launch)
     cluster.kubectl("apply", "-n", namespace, "-f", str(EXAMPLE), check=True)
     status = _ready(cluster, namespace, 2)
     crew = cluster.get_json("crew", "research", "-n", namespace)
     uid = crew["metadata"]["uid"]
+    assert cluster.get_json("secret", "research-crewfence-ca", "-n", namespace) is not None
     assert status["observedGeneration"] == crew["metadata"]["generation"]
     ready = next(c for c in status["conditions"] if c["type"] == "Ready")
     assert ready["status"] == "True"
@@ -78,14 +83,20 @@ def test_crew_gets_children_and_status(
                    if "persistentVolumeClaim" in v]
         assert volumes == [f"research-state-{ordinal}"]
         assert entry["pod"] == f"research-{ordinal}"
+        assert pod["spec"]["containers"][0]["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
         assert entry["claim"] == f"research-state-{ordinal}"
         assert entry["address"] == f"{pod['status']['podIP']}:8090"
         assert entry["fenced"] is False
         journal_ids.add(entry["journalId"])
-        # The journal id in status is the one the replica itself reports.
-        with urllib.request.urlopen(f"http://{entry['address']}/health", timeout=10) as resp:
-            assert json.load(resp)["journal_id"] == entry["journalId"]
+        # The journal id in status is the one the replica itself reports (over mutual TLS,
+        # the replica's name verified).
+        code, text = sidecar_get(entry, "/health", crew_access(cluster, namespace, "research"))
+        assert code == 200 and json.loads(text)["journal_id"] == entry["journalId"]
     assert len(journal_ids) == 2, "each replica has its own journal"
+    # The helpers verify the replica's name, not just the CA: replica 1 cannot answer as 0.
+    one = next(e for e in status["replicas"] if e["ordinal"] == 1)
+    with pytest.raises(ssl.SSLCertVerificationError):
+        crew_access(cluster, namespace, "research").request({**one, "ordinal": 0}, "/health")
 
     svc = cluster.get_json("service", "research", "-n", namespace)
     owned(svc)
@@ -131,15 +142,16 @@ def test_deleted_pod_comes_back_on_the_same_claim(
     assert len(seen_uids - {old_uid}) == 1
 
 
-def _post_job(address: str, token: str, action_id: str) -> dict[str, Any]:
+def _post_job(replica: dict[str, Any], access: SidecarAccess,
+              action_id: str) -> dict[str, Any]:
     body = json.dumps({"crew_id": "research", "action_id": action_id, "operation": "run",
                        "input": {"topic": "bees"}}).encode()
-    request = urllib.request.Request(
-        f"http://{address}/jobs", data=body, method="POST",
-        headers={"Authorization": f"Bearer {token}", "Idempotency-Key": action_id,
-                 "Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=120) as resp:
-        return json.load(resp)
+    code, text = access.request(replica, "/jobs", method="POST", body=body, timeout=120,
+                                headers={"Idempotency-Key": action_id,
+                                         "Content-Type": "application/json"})
+    assert code == 200, text
+    answer: dict[str, Any] = json.loads(text)
+    return answer
 
 
 @pytest.mark.slow
@@ -149,7 +161,7 @@ def test_scale_down_keeps_a_journal_with_records(
     cluster.apply({**_crew(3), "metadata": {"name": "research", "namespace": namespace}})
     status = _ready(cluster, namespace, 3)
     replica2 = next(r for r in status["replicas"] if r["ordinal"] == 2)
-    output = _post_job(replica2["address"], _token(cluster, namespace), "scale-down-1")
+    output = _post_job(replica2, crew_access(cluster, namespace, "research"), "scale-down-1")
     assert output["raw"]  # the blocking 200 is the completed run's output itself (AIP)
 
     # 3 -> 1: replica 1's journal is empty (drained, its pod goes; the claim stays by default),
@@ -206,10 +218,10 @@ def test_spec_change_rolls_the_pods(
             "observedGeneration") == 2 else None
 
     after = wait_until(rolled, timeout=180, interval=0.5, what="the pod rolled to the new spec")
-    with urllib.request.urlopen(f"http://{after['address']}/health", timeout=10) as resp:
-        # enabled startable operations plus the control ones, sorted (AIP)
-        assert json.load(resp)["operations"] == ["cancel", "events", "knowledge_query", "run",
-                                                 "status"]
+    code, text = sidecar_get(after, "/health", crew_access(cluster, namespace, "research"))
+    # enabled startable operations plus the control ones, sorted (AIP)
+    assert code == 200 and json.loads(text)["operations"] == ["cancel", "events",
+                                                              "knowledge_query", "run", "status"]
     assert after["journalId"] == before["journalId"], "rolled on the same claim and journal"
 
 

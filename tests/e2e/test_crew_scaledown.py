@@ -6,22 +6,23 @@ again, a slow job finishes where it runs, the draining sidecar answers lookups a
 admissions, bulk archive leaves tombstones answering 410, a drained empty replica disappears
 (its claim follows ``storage.whenScaled``), and 2 -> 1 -> 2 keeps every record reachable.
 
-Everything goes through kubectl or the sidecar's own HTTP API with the Crew's token.
+Everything goes through kubectl or the sidecar's own HTTP API the way the operator reaches
+it (mutual TLS with the Crew's CA, the replica's name verified, and the Crew's token:
+``crew_access``).
 """
 
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
 from typing import Any
 from urllib.parse import quote
 
 from crewfence_operator.assignment import choose_ordinal
 from crewjob_support import (
+    SidecarAccess,
     apply_obj,
+    crew_access,
     crew_replicas,
-    crew_token,
     crewjob_manifest,
     get_job,
     llm_calls,
@@ -37,30 +38,25 @@ from harness.handles import Cluster, Operator
 CREW = "research"
 
 
-def _http(address: str, method: str, path: str, token: str, body: Any = None,
+def _http(replica: dict[str, Any], method: str, path: str, access: SidecarAccess,
+          body: Any = None,
           headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], Any]:
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(
-        f"http://{address}{path}", data=data, method=method,
-        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json",
-                 **(headers or {})})
-    try:
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            raw, status, got = resp.read(), resp.status, dict(resp.headers)
-    except urllib.error.HTTPError as exc:
-        raw, status, got = exc.read(), exc.code, dict(exc.headers)
-    return int(status), got, (json.loads(raw) if raw.startswith(b"{") else raw.decode())
+    status, got, raw = access.exchange(
+        replica, path, method=method, body=data, timeout=30,
+        headers={"Content-Type": "application/json", **(headers or {})})
+    return status, got, (json.loads(raw) if raw.startswith("{") else raw)
 
 
 def _admissions(cluster: Cluster, ns: str) -> dict[int, float]:
     """New admissions per listed replica (``crewfence_sidecar_admissions_total``): an exact
     repeat does not count, a second run would. (The offline-LLM call counter is per process and
     jobs may run in worker processes, so it alone cannot prove that nothing ran.)"""
-    token = crew_token(cluster, ns, CREW)
+    access = crew_access(cluster, ns, CREW)
     out: dict[int, float] = {}
     for rep in crew_replicas(cluster, ns, CREW):
         if rep.get("address"):
-            status, text = sidecar_get(rep["address"], "/metrics", token)
+            status, text = sidecar_get(rep, "/metrics", access)
             if status == 200:
                 out[int(rep["ordinal"])] = metric_total(text,
                                                         "crewfence_sidecar_admissions_total")
@@ -142,14 +138,14 @@ def test_reapplied_crewjob_finds_its_action_on_the_draining_replica(
     entry = _wait_draining(cluster, namespace, 1)
     assert entry["ready"] is False and entry["unarchivedRecords"] == 1
     assert f"{CREW}-1" in _pods(cluster, namespace), "the pod stays while its journal holds records"
-    token = crew_token(cluster, namespace, CREW)
+    access = crew_access(cluster, namespace, CREW)
 
     # The draining sidecar answers lookups and refuses admissions with its own code.
     action = f"{namespace}/{name}"
-    code, text = sidecar_get(entry["address"], f"/jobs/{quote(action, safe='')}", token)
+    code, text = sidecar_get(entry, f"/jobs/{quote(action, safe='')}", access)
     assert code == 200 and json.loads(text)["status"] == "completed"
     status, headers, body = _http(
-        entry["address"], "POST", "/jobs", token,
+        entry, "POST", "/jobs", access,
         {"crew_id": CREW, "action_id": "while-draining", "operation": "run",
          "input": {"topic": "nope"}}, {"Idempotency-Key": "while-draining"})
     assert status == 503 and "Retry-After" in headers, (status, body)
@@ -196,28 +192,28 @@ def test_bulk_archive_tombstones_then_the_drained_replica_goes_and_its_claim_sta
 ) -> None:
     assert apply_obj(cluster, research_crew(2), namespace).returncode == 0
     replicas = {r["ordinal"]: r for r in wait_crew_ready(cluster, namespace, CREW, 2)}
-    token = crew_token(cluster, namespace, CREW)
+    access = crew_access(cluster, namespace, CREW)
     # A record made straight on replica 1, so the test knows the exact request to repeat.
     action = "bulk-archive-1"
     request = {"crew_id": CREW, "action_id": action, "operation": "run",
                "input": {"topic": "tombstones"}}
-    made, _, record = _http(replicas[1]["address"], "POST", "/jobs", token, request,
+    made, _, record = _http(replicas[1], "POST", "/jobs", access, request,
                             {"Idempotency-Key": action})
     assert made == 200, record
     _scale(cluster, namespace, 1)
     entry = _wait_draining(cluster, namespace, 1)
     assert entry["unarchivedRecords"] == 1
 
-    refused, _, _ = _http(entry["address"], "POST", "/admin/archive", token,
+    refused, _, _ = _http(entry, "POST", "/admin/archive", access,
                           {"older_than_seconds": 0})
     assert refused in (400, 428), "bulk archive needs its confirmation header"
-    status, _, body = _http(entry["address"], "POST", "/admin/archive", token,
+    status, _, body = _http(entry, "POST", "/admin/archive", access,
                             {"older_than_seconds": 0},
                             {"X-AIP-Archive-Confirmation": "older-than:0"})
     assert status == 200 and body["archived"] == [action] and body["count"] == 1, body
     # Tombstones: a lookup and an identical request both answer 410, nothing runs.
-    assert sidecar_get(entry["address"], f"/jobs/{quote(action, safe='')}", token)[0] == 410
-    gone, _, _ = _http(entry["address"], "POST", "/jobs", token, request,
+    assert sidecar_get(entry, f"/jobs/{quote(action, safe='')}", access)[0] == 410
+    gone, _, _ = _http(entry, "POST", "/jobs", access, request,
                        {"Idempotency-Key": action})
     assert gone == 410
 
@@ -243,7 +239,7 @@ def test_retention_archives_on_schedule_and_delete_setting_removes_the_claim(
     action = f"{namespace}/{job['metadata']['name']}"
     _scale(cluster, namespace, 1)
     _wait_draining(cluster, namespace, 1)
-    token = crew_token(cluster, namespace, CREW)
+    access = crew_access(cluster, namespace, CREW)
     replica0 = _entry(cluster, namespace, 0)
     assert replica0 is not None
 
@@ -263,8 +259,8 @@ def test_retention_archives_on_schedule_and_delete_setting_removes_the_claim(
     # Replica 0's journal keeps running too; what it held before also ages out, to tombstones.
     other, _ = _run_on(cluster, namespace, 0, "kept")
     other_action = f"{namespace}/{other['metadata']['name']}"
-    wait_for(lambda: sidecar_get(replica0["address"], f"/jobs/{quote(other_action, safe='')}",
-                                 token)[0] == 410,
+    wait_for(lambda: sidecar_get(replica0, f"/jobs/{quote(other_action, safe='')}",
+                                 access)[0] == 410,
              timeout=60, what="retention to archive replica 0's record")
     assert action != other_action
 
@@ -278,13 +274,13 @@ def test_scale_two_one_two_keeps_every_record_reachable(
     job1, _ = _run_on(cluster, namespace, 1, "one")
     actions = {0: f"{namespace}/{job0['metadata']['name']}",
                1: f"{namespace}/{job1['metadata']['name']}"}
-    token = crew_token(cluster, namespace, CREW)
+    access = crew_access(cluster, namespace, CREW)
 
     def reachable() -> None:
         for ordinal, action in actions.items():
             e = _entry(cluster, namespace, ordinal)
             assert e is not None and e.get("address"), (ordinal, e)
-            code, text = sidecar_get(e["address"], f"/jobs/{quote(action, safe='')}", token)
+            code, text = sidecar_get(e, f"/jobs/{quote(action, safe='')}", access)
             assert code == 200 and json.loads(text)["status"] == "completed", (ordinal, code)
 
     _scale(cluster, namespace, 1)

@@ -16,8 +16,8 @@ import pytest
 from crewjob_support import (
     apply_obj,
     condition,
+    crew_access,
     crew_replicas,
-    crew_token,
     crewjob_manifest,
     get_job,
     metric_total,
@@ -43,7 +43,7 @@ def ns(cluster: Cluster, operator_process: Operator, namespace: str) -> str:
 
 def admissions(cluster: Cluster, ns: str) -> float:
     rep = crew_replicas(cluster, ns, "research")[0]
-    _, text = sidecar_get(rep["address"], "/metrics", crew_token(cluster, ns, "research"))
+    _, text = sidecar_get(rep, "/metrics", crew_access(cluster, ns, "research"))
     return metric_total(text, "crewfence_sidecar_admissions_total")
 
 

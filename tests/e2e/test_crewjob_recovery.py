@@ -9,8 +9,8 @@ from crewjob_support import (
     TERMINAL,
     apply_obj,
     condition,
+    crew_access,
     crew_replicas,
-    crew_token,
     crewjob_manifest,
     get_job,
     llm_calls,
@@ -70,7 +70,7 @@ def test_killed_pod_gives_an_uncertain_outcome_and_no_rerun(
     assert code == 200 and record is not None
     assert (record["status"], record["uncertain_outcome"]) == ("failed", True)
     rep = next(r for r in crew_replicas(cluster, ns, "research") if r["ordinal"] == ordinal)
-    _, metrics = sidecar_get(rep["address"], "/metrics", crew_token(cluster, ns, "research"))
+    _, metrics = sidecar_get(rep, "/metrics", crew_access(cluster, ns, "research"))
     assert metric_total(metrics, "crewfence_sidecar_admissions_total") == 0
     assert metric_total(metrics, "crewfence_offline_llm_calls_total") == 0
     assert get_job(cluster, ns, name)["status"]["phase"] == "Failed"

@@ -25,6 +25,7 @@ from crewjob_support import (
     REPO,
     apply_obj,
     condition,
+    crew_access,
     crew_replicas,
     crew_token,
     crewjob_manifest,
@@ -101,18 +102,17 @@ def flux_health(obj: dict[str, Any]) -> str:
 
 
 def sidecar_events(cluster: Cluster, ns: str, action_id: str) -> list[dict[str, Any]]:
-    token = crew_token(cluster, ns, "research")
+    access = crew_access(cluster, ns, "research")
     (rep,) = [r for r in crew_replicas(cluster, ns, "research") if r.get("address")]
-    code, text = sidecar_get(rep["address"], f"/jobs/{quote(action_id, safe='')}/events",
-                             token)
+    code, text = sidecar_get(rep, f"/jobs/{quote(action_id, safe='')}/events", access)
     assert code == 200, text
     return list(json.loads(text)["events"])
 
 
 def admissions(cluster: Cluster, ns: str) -> float:
-    token = crew_token(cluster, ns, "research")
+    access = crew_access(cluster, ns, "research")
     (rep,) = [r for r in crew_replicas(cluster, ns, "research") if r.get("address")]
-    _, text = sidecar_get(rep["address"], "/metrics", token)
+    _, text = sidecar_get(rep, "/metrics", access)
     return metric_total(text, "crewfence_sidecar_admissions_total")
 
 
@@ -191,6 +191,9 @@ def test_resolve_supersede_and_see_it_everywhere(cluster: Cluster, ns: str, tmp_
     assert explained.returncode == 0, explained.stderr
     assert "UNCERTAIN (SidecarRestarted)" in explained.stdout
     assert "#1 failed reason=sidecar_restarted" in explained.stdout  # the sidecar's record
+    # ... asked the way the operator asks: mutual TLS, the replica's name verified
+    assert "over mutual TLS with a client certificate of the Crew's CA, verified as " \
+        f"research-0.research.{ns}.svc" in explained.stdout
     assert "Recovery advice" in explained.stdout
 
     # A successor of the unresolved job waits, Pending with the reason, and runs nothing.
@@ -299,3 +302,74 @@ def test_rerun_through_the_plugin_runs_the_successor_once(
     assert successor["status"]["phase"] == "Succeeded"
     assert successor["status"]["actionId"] == f"{ns}/flaky-rerun"
     assert admissions(cluster, ns) == before + 1
+
+
+def _grant(cluster: Cluster, ns: str, account: str, rules: list[dict[str, Any]]) -> None:
+    """Role + RoleBinding ``<account>`` in ``ns``: exactly ``rules`` for that ServiceAccount."""
+    cluster.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                   "metadata": {"name": account, "namespace": ns}, "rules": rules})
+    cluster.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                   "metadata": {"name": account, "namespace": ns},
+                   "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                               "name": account},
+                   "subjects": [{"kind": "ServiceAccount", "name": account,
+                                 "namespace": ns}]})
+
+
+def test_explain_asks_the_sidecar_over_mutual_tls_or_says_why_not(
+        cluster: Cluster, ns: str, tmp_path: Path) -> None:
+    """``kubectl crewfence explain`` reads the Crew's token and CA with the user's own
+    credentials and asks the replica over mutual TLS, verifying its name; a user who may read
+    the CrewJob and the Crew but not a Secret gets one line naming that Secret and the
+    status-side evidence. No token or key is ever printed."""
+    plugin = plugin_dir(tmp_path)
+    assert apply_obj(cluster, crewjob_manifest("told", "run", {"topic": "bees"}),
+                     ns).returncode == 0
+    assert wait_phase(cluster, ns, "told")["status"]["phase"] == "Succeeded"
+    admin = kubectl_plugin(cluster, plugin, "explain", "told", "-n", ns)
+    assert admin.returncode == 0, admin.stderr
+    assert "over mutual TLS with a client certificate of the Crew's CA, verified as " \
+        f"research-0.research.{ns}.svc" in admin.stdout
+    assert "#0 started" in admin.stdout and "status completed" in admin.stdout
+    as_json = kubectl_plugin(cluster, plugin, "explain", "told", "-n", ns, "-o", "json")
+    assert as_json.returncode == 0, as_json.stderr
+    assert json.loads(as_json.stdout)["sidecar"]["record"]["status"] == "completed"
+
+    # A reader of CrewJobs and Crews, without any Secret.
+    account = "evidence-reader"
+    cluster.kubectl("create", "serviceaccount", account, "-n", ns, check=True)
+    reads = {"apiGroups": ["crewfence.dev"], "resources": ["crewjobs", "crews"],
+             "verbs": ["get", "list"]}
+    _grant(cluster, ns, account, [reads])
+    kubeconfig = cluster.service_account_kubeconfig(ns, account, tmp_path / "reader.kubeconfig")
+
+    def explain_as_reader(secret: str) -> subprocess.CompletedProcess[str]:
+        def refused_once() -> subprocess.CompletedProcess[str] | None:
+            out = kubectl_plugin(cluster, plugin, "explain", "told", "-n", ns,
+                                 kubeconfig=kubeconfig)
+            return out if f"Secret {ns}/{secret} (403" in out.stdout else None
+
+        found: subprocess.CompletedProcess[str] = wait_for(
+            refused_once, timeout=30, what=f"explain to name {secret} as not readable")
+        return found
+
+    no_secrets = explain_as_reader("research-crewfence-token")
+    # ... and with the token but not the CA: the CA is what it names now.
+    _grant(cluster, ns, account, [reads, {"apiGroups": [""], "resources": ["secrets"],
+                                          "resourceNames": ["research-crewfence-token"],
+                                          "verbs": ["get"]}])
+    no_ca = explain_as_reader("research-crewfence-ca")
+    for out in (no_secrets, no_ca):
+        assert out.returncode == 0, out.stderr
+        refused = [line for line in out.stdout.splitlines() if "you may not read" in line]
+        assert len(refused) == 1, out.stdout
+        assert "showing the CrewJob's own status only" in refused[0]
+        assert "The outcome is known." in out.stdout and "Request hash" in out.stdout
+        assert "status completed" not in out.stdout  # the sidecar was not asked
+
+    token = crew_token(cluster, ns, "research")
+    ca_secret = cluster.get_json("secret", "research-crewfence-ca", "-n", ns)
+    for out in (admin, as_json, no_secrets, no_ca):
+        printed = out.stdout + out.stderr
+        assert token not in printed and "PRIVATE KEY" not in printed
+        assert ca_secret["data"]["ca.key"] not in printed

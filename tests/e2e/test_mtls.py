@@ -1,5 +1,6 @@
-"""Operator <-> sidecar over mutual TLS on the real control plane (operator setting
-``CREWFENCE_OPERATOR_SIDECAR_TLS=1``): every CrewJob example over HTTPS with a per-Crew CA,
+"""Operator <-> sidecar over mutual TLS on the real control plane (the operator's default;
+``CREWFENCE_OPERATOR_SIDECAR_TLS=1`` is still set explicitly here, so this module keeps testing
+TLS whatever the default): every CrewJob example over HTTPS with a per-Crew CA,
 credentials as files only, and who is refused at the sidecar.
 """
 

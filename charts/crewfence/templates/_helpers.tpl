@@ -130,6 +130,11 @@ Arguments: dict "base" (selector) "watch" (list) "excluded" (list).
 - apiGroups: ["", "events.k8s.io"]
   resources: ["events"]
   verbs: ["create"]
+{{- if .Values.certManager.enabled }}
+- apiGroups: ["cert-manager.io"]
+  resources: ["issuers", "certificates"]
+  verbs: ["get", "create", "update"]
+{{- end }}
 {{- end }}
 
 {{- define "crewfence.rbac.clusterRules" -}}

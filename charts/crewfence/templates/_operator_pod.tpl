@@ -67,6 +67,19 @@ spec:
           value: {{ .Values.sidecar.image.pullPolicy | quote }}
         - name: CREWFENCE_OPERATOR_SIDECAR_TLS
           value: {{ .Values.sidecar.tls.enabled | toString | quote }}
+        {{- if .Values.certManager.enabled }}
+        {{- if not .Values.sidecar.tls.enabled }}
+        {{- fail "certManager.enabled needs sidecar.tls.enabled: cert-manager issues the mutual-TLS certificates" }}
+        {{- end }}
+        - name: CREWFENCE_OPERATOR_CERT_SOURCE
+          value: cert-manager
+        {{- with .Values.certManager.issuerRef }}
+        {{- if .name }}
+        - name: CREWFENCE_OPERATOR_CERT_MANAGER_ISSUER
+          value: {{ printf "%s/%s" (.kind | default "Issuer") .name | quote }}
+        {{- end }}
+        {{- end }}
+        {{- end }}
         - name: CREWFENCE_OPERATOR_SIDECAR_MAX_CONCURRENCY
           value: {{ .Values.sidecar.journal.maxConcurrency | int64 | quote }}
         - name: CREWFENCE_OPERATOR_SIDECAR_MAX_RETAINED_RUNS

@@ -12,7 +12,7 @@ from typing import Any
 
 from crewfence_operator import constants as c
 from crewfence_operator import kube
-from crewfence_operator.crew import tls_secrets
+from crewfence_operator.crew import tls_source
 from crewfence_operator.crew.identity import CrewRef, parse_ordinal, state_claim_labels
 from crewfence_operator.crew.pod import PodSettings, pod_claims, replica_pod
 from crewfence_operator.crew.resources import (
@@ -169,8 +169,12 @@ def ensure(
     if settings.sidecar_tls and full:
         # Before any pod that mounts them: the Crew CA and each replica's certificate
         # (re-issued before expiry and once the pod's IP is known).
-        tls_secrets.ensure_replica_secrets(crew, sorted(set(range(spec.replicas))
-                                                        | set(snap.pods)), snap.pods)
+        try:
+            tls_source.ensure_replica_certificates(
+                crew, sorted(set(range(spec.replicas)) | set(snap.pods)), snap.pods,
+                settings.cert_manager)
+        except tls_source.CertManagerUnavailable as exc:
+            raise ChildError(str(exc)) from None
     for ordinal in range(spec.replicas):
         if ordinal not in snap.claims:
             _ensure_claim(crew, spec, ordinal)

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from crewfence_operator import constants as c
+from crewfence_operator.crew.cert_manager import CertManagerSettings
 from crewfence_operator.crew.credentials import (
     credential_files_env,
     credentials_mount,
@@ -28,6 +29,9 @@ class PodSettings:
     sidecar_tls: bool = False
     """Mutual TLS and credentials as files (``crew/credentials.py``): the token, the LLM API
     key and the replica's certificate come from one projected volume, never the environment."""
+    cert_manager: CertManagerSettings | None = None
+    """cert-manager issues the replica's TLS Secret (same name and files as the operator's own
+    source, so the pod manifest does not change); None: the operator's CA."""
 
 
 def _env(name: str, value: str) -> dict[str, Any]:

@@ -12,6 +12,9 @@ they decide (create or replace a Secret). Invariants kept here:
 * **Renewed before expiry.** A certificate is re-issued when a third of its lifetime is left,
   when its names changed (a new pod IP) or when it was not issued by the current CA
   (``renewal_reason``); the sidecar picks the new files up without a restart.
+* **Trust is a bundle.** What a sidecar trusts (its ``ca.crt``) and what the operator verifies
+  against is a list of CA certificates (``trust``): one CA normally, the old and the new one
+  while the CA is renewed (``crew/ca_rotation.py`` names that rotation's invariants).
 * **Keys never leave Secrets and memory.** Nothing here logs, reprs or returns a key in a
   message; ``Issued.__repr__`` shows the subject only.
 """
@@ -20,7 +23,9 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import hashlib
 import os
+import secrets
 import ssl
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -44,6 +49,8 @@ TLS_CERT_KEY: Final = "tls.crt"
 TLS_KEY_KEY: Final = "tls.key"
 CA_LIFETIME: Final = dt.timedelta(days=3650)
 LEAF_LIFETIME: Final = dt.timedelta(days=90)
+"""Defaults; the operator settings ``CA_LIFETIME_SECONDS``/``LEAF_LIFETIME_SECONDS`` (config.py)
+override them (short lifetimes let a test force a renewal)."""
 RENEW_WHEN_LEFT: Final = 1 / 3
 """Re-issue once less than this fraction of a certificate's lifetime is left."""
 OPERATOR_CLIENT_NAME: Final = "crewfence-operator"
@@ -97,6 +104,55 @@ def ca_from_secret(secret: Mapping[str, Any] | None) -> certs.Issued | None:
     return certs.Issued(cert, key)
 
 
+def trust_from_secret(secret: Mapping[str, Any] | None) -> list[x509.Certificate]:
+    """The CA certificates a replica's TLS Secret carries in ``ca.crt`` (its trust bundle)."""
+    pem = _secret_bytes(secret, CA_CERT_KEY)
+    if pem is None:
+        return []
+    try:
+        return x509.load_pem_x509_certificates(pem)
+    except ValueError:
+        return []
+
+
+def fingerprint(cert: x509.Certificate) -> str:
+    """SHA-256 of the certificate (DER), hex: public, safe to log and compare."""
+    return hashlib.sha256(cert.public_bytes(serialization.Encoding.DER)).hexdigest()
+
+
+def fingerprints(certificates: Sequence[x509.Certificate]) -> frozenset[str]:
+    return frozenset(fingerprint(cert) for cert in certificates)
+
+
+def bundle_pem(certificates: Sequence[x509.Certificate]) -> bytes:
+    """The certificates as one PEM file, duplicates dropped, order kept."""
+    seen: dict[str, bytes] = {}
+    for cert in certificates:
+        seen.setdefault(fingerprint(cert), cert.public_bytes(serialization.Encoding.PEM))
+    return b"".join(seen.values())
+
+
+def signed_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
+    if cert.issuer != ca.subject:
+        return False
+    try:
+        cert.verify_directly_issued_by(ca)
+    except (InvalidSignature, ValueError, TypeError):
+        return False
+    return True
+
+
+def issuer_among(cert: x509.Certificate | None,
+                 cas: Sequence[x509.Certificate]) -> str | None:
+    """Fingerprint of the CA in ``cas`` that signed ``cert``; None when none did."""
+    if cert is None:
+        return None
+    for ca in cas:
+        if signed_by(cert, ca):
+            return fingerprint(ca)
+    return None
+
+
 def cert_from_secret(secret: Mapping[str, Any] | None) -> x509.Certificate | None:
     pem = _secret_bytes(secret, TLS_CERT_KEY)
     if pem is None:
@@ -127,17 +183,27 @@ def renewal_reason(cert: x509.Certificate | None, ca: certs.Issued, hosts: Seque
     """
     if cert is None:
         return "missing"
-    if cert.issuer != ca.cert.subject:
-        return "issuer"
-    try:
-        cert.verify_directly_issued_by(ca.cert)
-    except (InvalidSignature, ValueError, TypeError):
+    if not signed_by(cert, ca.cert):
         return "issuer"
     if _hosts_of(cert) != frozenset(hosts):
         return "hosts"
     lifetime = cert.not_valid_after_utc - cert.not_valid_before_utc
     if cert.not_valid_after_utc - now < lifetime * RENEW_WHEN_LEFT:
         return "expiring"
+    return None
+
+
+def replica_secret_reason(secret: Mapping[str, Any] | None, ca: certs.Issued,
+                          trust: Sequence[x509.Certificate], hosts: Sequence[str],
+                          now: dt.datetime) -> str | None:
+    """Why a replica's TLS Secret must be written now: a ``renewal_reason`` of its certificate
+    (then re-issued by ``ca``, the signing CA), else ``trust`` when its ``ca.crt`` is not the
+    current trust bundle (then only ``ca.crt`` is rewritten); None while it is good."""
+    reason = renewal_reason(cert_from_secret(secret), ca, hosts, now)
+    if reason is not None:
+        return reason
+    if fingerprints(trust_from_secret(secret)) != fingerprints(list(trust) or [ca.cert]):
+        return "trust"
     return None
 
 
@@ -151,18 +217,25 @@ def ca_renewal_reason(ca: certs.Issued | None, now: dt.datetime) -> str | None:
 
 
 # --- issuing and manifests ---------------------------------------------------------------------
-def new_crew_ca(crew: CrewRef) -> certs.Issued:
-    return certs.new_ca(f"crewfence {crew.namespace}/{crew.name}",
-                        days=CA_LIFETIME.days)
+def new_crew_ca(crew: CrewRef, lifetime: dt.timedelta = CA_LIFETIME) -> certs.Issued:
+    """A new CA for the Crew. Its name starts with a random tag, so the old and the new CA of
+    a rotation never share a subject inside one trust bundle; cut to the 64 characters a
+    common name may have (long namespace and Crew names)."""
+    name = f"crewfence {secrets.token_hex(4)} {crew.namespace}/{crew.name}"
+    return certs.new_ca(name[:64], lifetime=lifetime)
 
 
-def issue_serving(ca: certs.Issued, hosts: Sequence[str]) -> certs.Issued:
-    return certs.issue(ca, hosts[0], hosts=hosts, server=True, lifetime=LEAF_LIFETIME)
+def issue_serving(ca: certs.Issued, hosts: Sequence[str],
+                  lifetime: dt.timedelta = LEAF_LIFETIME) -> certs.Issued:
+    # The names live in the SANs (what is verified); the common name is a label that X.509
+    # caps at 64 characters, which a pod's DNS name under a long namespace exceeds.
+    return certs.issue(ca, hosts[0][:64], hosts=hosts, server=True, lifetime=lifetime)
 
 
-def issue_operator_client(ca: certs.Issued) -> certs.Issued:
+def issue_operator_client(ca: certs.Issued,
+                          lifetime: dt.timedelta = LEAF_LIFETIME) -> certs.Issued:
     return certs.issue(ca, OPERATOR_CLIENT_NAME, server=False, client=True,
-                       lifetime=LEAF_LIFETIME)
+                       lifetime=lifetime)
 
 
 def _b64(data: bytes) -> str:
@@ -180,9 +253,10 @@ def ca_secret(crew: CrewRef, ca: certs.Issued) -> dict[str, Any]:
 
 
 def replica_tls_secret(crew: CrewRef, ordinal: int, ca: certs.Issued,
-                       leaf: certs.Issued) -> dict[str, Any]:
-    """``kubernetes.io/tls`` Secret the replica mounts: its certificate, key and the CA that
-    signs the operator's client certificate (the same Crew CA)."""
+                       leaf: certs.Issued,
+                       trust: Sequence[x509.Certificate] = ()) -> dict[str, Any]:
+    """``kubernetes.io/tls`` Secret the replica mounts: its certificate, key and, as
+    ``ca.crt``, the CAs whose client certificates it accepts (``trust``; default: ``ca``)."""
     return {
         "apiVersion": "v1",
         "kind": "Secret",
@@ -190,16 +264,45 @@ def replica_tls_secret(crew: CrewRef, ordinal: int, ca: certs.Issued,
                                 replica_labels(crew, ordinal)),
         "type": "kubernetes.io/tls",
         "data": {TLS_CERT_KEY: _b64(leaf.cert_pem), TLS_KEY_KEY: _b64(leaf.key_pem),
-                 CA_CERT_KEY: _b64(ca.cert_pem)},
+                 CA_CERT_KEY: _b64(bundle_pem(list(trust) or [ca.cert]))},
     }
 
 
+@dataclass(frozen=True)
+class ReplicaIssue:
+    """How a replica's Secret should look now: certificates by ``ca`` for ``hosts``, valid
+    for ``lifetime``, and ``trust`` as its ``ca.crt``."""
+
+    ca: certs.Issued
+    trust: tuple[x509.Certificate, ...]
+    hosts: tuple[str, ...]
+    now: dt.datetime
+    lifetime: dt.timedelta = LEAF_LIFETIME
+
+
+def desired_replica_secret(crew: CrewRef, ordinal: int, existing: Mapping[str, Any] | None,
+                           want: ReplicaIssue) -> tuple[str, dict[str, Any]] | None:
+    """The replica's TLS Secret to write and why (``replica_secret_reason``), or None while
+    ``existing`` is good. Only the bundle changed (``trust``): the certificate and key stay."""
+    reason = replica_secret_reason(existing, want.ca, want.trust, want.hosts, want.now)
+    if reason is None:
+        return None
+    if reason == "trust" and existing is not None:
+        body = {**existing, "metadata": dict(existing.get("metadata") or {}),
+                "data": {**(existing.get("data") or {}),
+                         CA_CERT_KEY: _b64(bundle_pem(want.trust or (want.ca.cert,)))}}
+        return reason, body
+    leaf = issue_serving(want.ca, want.hosts, want.lifetime)
+    return reason, replica_tls_secret(crew, ordinal, want.ca, leaf, want.trust)
+
+
 # --- the operator's client side ------------------------------------------------------------------
-def client_ssl_context(ca: certs.Issued, client: certs.Issued) -> ssl.SSLContext:
-    """Verify replicas against the Crew CA (name checked per call via ``server_hostname``)
-    and present the operator's client certificate of that CA."""
+def client_ssl_context(ca: certs.Issued, client: certs.Issued,
+                       trust: Sequence[x509.Certificate] = ()) -> ssl.SSLContext:
+    """Verify replicas against the Crew's trust bundle (``trust``, default the CA itself; the
+    name is checked per call via ``server_hostname``) and present ``client``."""
     ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
-    ctx.load_verify_locations(cadata=ca.cert_pem.decode("ascii"))
+    ctx.load_verify_locations(cadata=bundle_pem(list(trust) or [ca.cert]).decode("ascii"))
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     # load_cert_chain reads files only: a private directory that lives for this call.
     with tempfile.TemporaryDirectory(prefix="crewfence-client-") as tmp:
@@ -221,17 +324,35 @@ def is_client_certificate(cert: x509.Certificate) -> bool:
 
 @dataclass
 class CrewClientTLS:
-    """The operator's TLS material for one Crew: cached per CA, renewed before expiry."""
+    """The operator's TLS material for one Crew: a client certificate of the signing CA
+    (``ca``) and verification against the trust bundle; cached per CA and bundle, renewed
+    before expiry."""
 
     ca: certs.Issued
     client: certs.Issued
     context: ssl.SSLContext
+    trust: tuple[x509.Certificate, ...] = ()
 
     @classmethod
-    def for_ca(cls, ca: certs.Issued) -> CrewClientTLS:
-        client = issue_operator_client(ca)
-        return cls(ca=ca, client=client, context=client_ssl_context(ca, client))
+    def for_ca(cls, ca: certs.Issued, trust: Sequence[x509.Certificate] = (),
+               lifetime: dt.timedelta = LEAF_LIFETIME) -> CrewClientTLS:
+        bundle = tuple(trust) or (ca.cert,)
+        client = issue_operator_client(ca, lifetime)
+        return cls(ca=ca, client=client, context=client_ssl_context(ca, client, bundle),
+                   trust=bundle)
 
-    def still_good(self, ca: certs.Issued, now: dt.datetime) -> bool:
+    def still_good(self, ca: certs.Issued, now: dt.datetime,
+                   trust: Sequence[x509.Certificate] = ()) -> bool:
         return (self.ca.cert == ca.cert
+                and fingerprints(self.trust) == fingerprints(list(trust) or [ca.cert])
                 and renewal_reason(self.client.cert, ca, [], now) is None)
+
+    @property
+    def client_issuer(self) -> str:
+        """Fingerprint of the CA that signed the client certificate this material presents."""
+        return fingerprint(self.ca.cert)
+
+    @property
+    def trusted(self) -> frozenset[str]:
+        """Fingerprints of the CAs whose serving certificates this material accepts."""
+        return fingerprints(self.trust)

@@ -15,7 +15,7 @@ import kopf
 
 from crewfence_operator import config, kube, metrics
 from crewfence_operator import constants as c
-from crewfence_operator.crew import children, tls_secrets, token_roll
+from crewfence_operator.crew import children, tls_secrets, tls_source, token_roll
 from crewfence_operator.crew.fencing import ForeignMount
 from crewfence_operator.crew.identity import CrewRef
 from crewfence_operator.crew.model_credentials import decide as credentials_verdict
@@ -67,7 +67,8 @@ def wake(key: str) -> None:
 def pod_settings(cfg: config.OperatorConfig) -> PodSettings:
     return PodSettings(default_image=cfg.sidecar_image,
                        image_pull_policy=cfg.image_pull_policy, port=cfg.sidecar_port,
-                       journal_defaults=cfg.journal_defaults, sidecar_tls=cfg.sidecar_tls)
+                       journal_defaults=cfg.journal_defaults, sidecar_tls=cfg.sidecar_tls,
+                       cert_manager=cfg.cert_manager_settings())
 
 
 @kopf.index("", "v1", "pods", id=POD_INDEX)
@@ -237,11 +238,7 @@ async def reconcile_once(
     if state.token is None:
         state.token = token_roll.sending_token(await asyncio.to_thread(
             kube.read_secret_value, namespace, c.token_secret_name(name), c.TOKEN_SECRET_KEY))
-    material = await tls_secrets.client_tls(namespace, name) if cfg.sidecar_tls else None
-
-    def tls_for(ordinal: int) -> dict[str, Any]:
-        return tls_secrets.endpoint_tls(material, namespace, name, ordinal)
-
+    tls_for = await tls_source.endpoint_options_for(cfg, namespace, name)
     healths = await _healths(session, snap.pods, state.token, cfg, tls_for)
     if cfg.sidecar_tls:  # token files are re-read by the sidecars: a roll is possible
         addresses = {o: a for o, pod in snap.pods.items()
@@ -254,6 +251,14 @@ async def reconcile_once(
             state.token = token_roll.sending_token(await asyncio.to_thread(
                 kube.read_secret_value, namespace, c.token_secret_name(name),
                 c.TOKEN_SECRET_KEY))
+        if cfg.cert_manager_settings() is None:  # the operator's own CA: renewed by it
+            ca_step = await tls_secrets.advance_ca_rotation(
+                session, tls_secrets.RotationContext(
+                    crew=crew, crew_annotations=body["metadata"].get("annotations") or {},
+                    ordinals=tuple(sorted(set(range(spec.replicas)) | set(snap.pods))),
+                    pods=snap.pods, addresses=addresses, token=state.token))
+            if ca_step is not None:
+                logger.info(f"CA rotation: phase {ca_step.phase} ({ca_step.reason})")
 
     ordinals = set(range(spec.replicas)) | set(snap.pods) | set(snap.claims)
     claims_by_ordinal = {o: claim_for_ordinal(crew, spec, o) for o in sorted(ordinals)}

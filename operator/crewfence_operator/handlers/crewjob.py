@@ -143,12 +143,10 @@ class KubeIO:
 
     async def endpoint_options(self, namespace: str, crew: str,
                                ordinal: int) -> dict[str, Any]:
-        if not config.current().sidecar_tls:
-            return {}
-        from crewfence_operator.crew import tls_secrets
+        from crewfence_operator.crew import tls_source
 
-        material = await tls_secrets.client_tls(namespace, crew)
-        return tls_secrets.endpoint_tls(material, namespace, crew, ordinal)
+        options = await tls_source.endpoint_options_for(config.current(), namespace, crew)
+        return options(ordinal)
 
     def warn(self, body: Mapping[str, Any], reason: str, message: str) -> None:
         kopf.warn(body, reason=reason, message=message)  # type: ignore[arg-type]

@@ -28,6 +28,15 @@ def merge(target: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
     return target
 
 
+@pytest.fixture(autouse=True)
+def plain_http(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These in-process sidecars speak plain HTTP on loopback: the operator is told so
+    explicitly (mutual TLS is its default)."""
+    from crewfence_operator import config
+
+    monkeypatch.setattr(config, "_current", config.OperatorConfig(sidecar_tls=False))
+
+
 @pytest.fixture
 async def runtime() -> Any:
     """The per-operator state (kopf memo) whose HTTP session the handler uses."""

@@ -39,6 +39,21 @@ def test_defaults() -> None:
     assert cfg.webhook.config_name == c.WEBHOOK_CONFIG_NAME
 
 
+def test_sidecar_tls_is_on_unless_explicitly_turned_off() -> None:
+    """A bare ``crewfence-operator`` talks mutual TLS; plain HTTP only when asked for by an
+    explicit false word; a value that is neither is refused, never read as "off"."""
+    assert OperatorConfig().sidecar_tls
+    assert OperatorConfig.from_env({}).sidecar_tls
+    assert OperatorConfig.from_env({"CREWFENCE_OPERATOR_SIDECAR_TLS": ""}).sidecar_tls
+    for on in ("1", "true", "TRUE", "yes", "on"):
+        assert OperatorConfig.from_env({"CREWFENCE_OPERATOR_SIDECAR_TLS": on}).sidecar_tls
+    for off in ("0", "false", "False", "no", "off"):
+        assert not OperatorConfig.from_env({"CREWFENCE_OPERATOR_SIDECAR_TLS": off}).sidecar_tls
+    for typo in ("flase", "disabled", "2"):
+        with pytest.raises(ValueError, match="SIDECAR_TLS"):
+            OperatorConfig.from_env({"CREWFENCE_OPERATOR_SIDECAR_TLS": typo})
+
+
 def test_undotted_webhook_config_name_refused() -> None:
     with pytest.raises(SystemExit):
         parse_config(["--webhook-config-name", "nodots"], base=OperatorConfig.from_env({}))

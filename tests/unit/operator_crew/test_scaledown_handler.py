@@ -154,7 +154,8 @@ async def test_scale_down_drains_keeps_the_journal_then_retires_it(
 ) -> None:
     # replica 1 is above spec.replicas
     await asyncio.to_thread(_seed, api, crew_ref, {**SPEC, "storage": {"whenScaled": "Delete"}})
-    cfg = OperatorConfig(sidecar_port=sidecar.port, health_timeout=5.0)
+    # A plain-HTTP sidecar on loopback: plaintext is asked for explicitly (TLS is the default).
+    cfg = OperatorConfig(sidecar_port=sidecar.port, health_timeout=5.0, sidecar_tls=False)
     state = DaemonState()
 
     async with aiohttp.ClientSession() as session:
@@ -213,7 +214,8 @@ async def test_scaling_back_up_undrains(
     api: kmock.KubernetesEmulator, crew_ref: CrewRef, sidecar: Any,
 ) -> None:
     await asyncio.to_thread(_seed, api, crew_ref, {**SPEC, "replicas": 2})
-    cfg = OperatorConfig(sidecar_port=sidecar.port, health_timeout=5.0)
+    # A plain-HTTP sidecar on loopback: plaintext is asked for explicitly (TLS is the default).
+    cfg = OperatorConfig(sidecar_port=sidecar.port, health_timeout=5.0, sidecar_tls=False)
     async with aiohttp.ClientSession() as session:
         status, _ = await _post(session, sidecar.url, "/admin/drain", {"draining": True})
         assert status == 200

@@ -82,3 +82,102 @@ def test_kubectl_flags_work_before_and_after_the_subcommand() -> None:
     args = parser.parse_args(["resolve", "j", "--not-happened", "--note", "x",
                               "--evidence", "l1", "--evidence", "l2", "--context", "c"])
     assert (args.not_happened, args.evidence, args.context) == (True, ["l1", "l2"], "c")
+
+
+# --- explain's access to the sidecar: the Crew's Secrets read with the user's credentials ----
+class _Secret:
+    def __init__(self, data: dict[str, str]) -> None:
+        self.data = data
+
+
+class _Core:
+    """read_namespaced_secret over a dict; a name mapped to an int answers that status."""
+
+    def __init__(self, secrets: dict[str, dict[str, str] | int]) -> None:
+        self.secrets = secrets
+
+    def read_namespaced_secret(self, name: str, namespace: str) -> _Secret:
+        from kubernetes.client.exceptions import ApiException
+
+        found = self.secrets.get(name, 404)
+        if isinstance(found, int):
+            raise ApiException(status=found, reason="Forbidden" if found == 403 else "Nope")
+        return _Secret(found)
+
+
+CREW_OBJ = {"metadata": {"name": "research", "namespace": "ns"}, "spec": {"replicas": 2},
+            "status": {"replicas": [{"ordinal": 0, "address": "10.0.0.5:8090", "ready": True},
+                                    {"ordinal": 1, "address": "10.0.0.6:8090", "ready": True}]}}
+
+
+def _kube(secrets: dict[str, dict[str, str] | int]) -> kp.Kube:
+    return kp.Kube(api=None, core=_Core(secrets), namespace="ns")  # type: ignore[arg-type]
+
+
+def _b64(text: str) -> str:
+    import base64
+
+    return base64.b64encode(text.encode()).decode()
+
+
+def test_explain_uses_the_crews_ca_and_verifies_the_replica_name() -> None:
+    from crewfence_operator.crew import tls as crew_tls
+    from crewfence_operator.crew.identity import CrewRef
+
+    ca = crew_tls.new_crew_ca(CrewRef("research", "ns", ""))
+    secret = crew_tls.ca_secret(CrewRef("research", "ns", "uid"), ca)
+    access = kp.sidecar_access(_kube({"research-crewfence-token": {"token": _b64("new\nold")},
+                                      "research-crewfence-ca": secret["data"]}), CREW_OBJ, 1)
+    assert access.address == "10.0.0.6:8090"
+    assert access.token == "new"  # the first line during a roll, as the operator sends
+    assert access.context is not None and access.context.check_hostname
+    # trusts the Crew's CA (the context is the operator's own, crew_tls.CrewClientTLS)
+    subjects = [dict(rdn[0] for rdn in cert["subject"]).get("commonName")
+                for cert in access.context.get_ca_certs()]
+    assert ca.cert.subject.rfc4514_string().removeprefix("CN=") in subjects
+    assert access.source == "a client certificate of the Crew's CA"
+    assert access.server_name == "research-1.research.ns.svc"
+    assert "new" not in repr(access) and "PRIVATE" not in repr(access)
+
+
+def test_explain_uses_cert_managers_operator_client_certificate() -> None:
+    from crewfence_operator import certs
+    from crewfence_operator.crew import tls as crew_tls
+
+    ca = certs.new_ca("cm ca")
+    client = crew_tls.issue_operator_client(ca)
+    secret = {"ca.crt": _b64(ca.cert_pem.decode()), "tls.crt": _b64(client.cert_pem.decode()),
+              "tls.key": _b64(client.key_pem.decode())}
+    access = kp.sidecar_access(_kube({"research-crewfence-token": {"token": _b64("t")},
+                                      "research-crewfence-operator-client": secret}),
+                               CREW_OBJ, 0)
+    assert access.context is not None and access.server_name == "research-0.research.ns.svc"
+    assert access.source == "the operator's client certificate (cert-manager)"
+    # RBAC scoped to the Secrets this source uses: the CA Secret's 403 does not stop it
+    scoped = kp.sidecar_access(_kube({"research-crewfence-token": {"token": _b64("t")},
+                                      "research-crewfence-ca": 403,
+                                      "research-crewfence-operator-client": secret}),
+                               CREW_OBJ, 0)
+    assert scoped.source == access.source
+
+
+def test_explain_without_tls_material_speaks_plain_http() -> None:
+    access = kp.sidecar_access(_kube({"research-crewfence-token": {"token": _b64("t")}}),
+                               CREW_OBJ, 0)
+    assert access.context is None and access.server_name is None
+
+
+def test_explain_says_in_one_line_which_secret_it_may_not_read() -> None:
+    import pytest
+
+    for forbidden, holds in (("research-crewfence-ca", "the Crew's CA"),
+                             ("research-crewfence-token", "the Crew's bearer token")):
+        secrets: dict[str, dict[str, str] | int] = {
+            "research-crewfence-token": {"token": _b64("t")},
+            "research-crewfence-ca": {"ca.crt": "", "ca.key": ""}}
+        secrets[forbidden] = 403
+        with pytest.raises(kp.EvidenceUnavailable) as info:
+            kp.sidecar_access(_kube(secrets), CREW_OBJ, 0)
+        note = str(info.value)
+        assert "\n" not in note and "403" in note and f"ns/{forbidden}" in note
+        assert holds in note and "CrewJob's own status" in note
