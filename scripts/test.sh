@@ -22,6 +22,8 @@ echo "crewfence: building or reusing the Kubernetes binaries (etcd, kube-apiserv
 bin_output=$(python tests/e2e/cluster.py bin)
 KUBE_BIN=$(printf '%s\n' "$bin_output" | sed -n 's/^KUBE_BIN=//p')
 export KUBE_BIN
+echo "crewfence: building or reusing cert-manager's controllers (tests/e2e/test_mtls_cert_manager.py)"
+python tests/e2e/cluster.py cert-manager
 
 echo "crewfence: ruff"
 ruff check .

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The local Kubernetes control plane for e2e tests and the demo.
 
-    python tests/e2e/cluster.py bin                   # build or find binaries; prints KUBE_BIN=
+    python tests/e2e/cluster.py bin                   # build or find binaries (and the test
+                                                      # tools, kubelet-volume); prints KUBE_BIN=
     python tests/e2e/cluster.py up [--with-operator]  # start in the background; prints
                                                       # KUBECONFIG= and KUBE_BIN=, then returns
     python tests/e2e/cluster.py down                  # stop everything `up` started
@@ -51,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         kube_bin = build.ensure_binaries()
+        if args.command == "bin":
+            for tool in build.TOOLS:
+                build.ensure_tool(tool.name)
     except build.BuildError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
