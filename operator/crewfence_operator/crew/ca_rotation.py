@@ -23,7 +23,9 @@ Invariants (``decide`` keeps them; ``blockers`` names what each step waits for):
   a client certificate of B (a probe handshake with one); replicas serve certificates of B
   only after the operator itself verifies against [A, B]. Until then everything runs on A,
   which everyone trusts. The coordination is by observation (Secrets and handshakes), never
-  by waiting a fixed time.
+  by waiting a fixed time. A call that took the operator's material just before a step
+  still gets through after it: the CA it presents and the CAs it verifies against stay
+  trusted on both sides until the step after (each step needs a further daemon pass).
 * **The old CA is dropped only when nothing it signed is in use.** [B] alone is written only
   when every replica's Secret holds a certificate of B, every replica with a pod proved it
   serves a certificate of B and accepts B's client certificate (a probe that trusts B

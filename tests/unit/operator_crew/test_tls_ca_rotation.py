@@ -348,3 +348,28 @@ def test_without_the_overlap_the_switch_breaks_the_connection(
     updated_sidecar = _server(after[0], tmp_path / "after")
     in_flight = crew_tls.CrewClientTLS.for_ca(states[0].signing)
     assert not _handshake(updated_sidecar, in_flight.context, name)
+
+
+def test_the_per_pass_shortcut_never_hides_a_due_rotation(
+        ca_a: certs.Issued, ca_b: certs.Issued, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``tls_secrets._quiet`` spares the CA Secret read on a daemon pass only while nothing can
+    be due: a new request, another CA in the operator's material or an expiring CA read it."""
+    from crewfence_operator.crew import tls_secrets
+
+    key = (CREW.namespace, CREW.name)
+    monkeypatch.setattr(tls_secrets, "_clients", {})
+    monkeypatch.setattr(tls_secrets, "_settled", {})
+    assert not tls_secrets._quiet(CREW, None, NOW)  # nothing known (a fresh start): read
+    material = crew_tls.CrewClientTLS.for_ca(ca_a)
+    tls_secrets._clients[key] = (0.0, material)
+    assert not tls_secrets._quiet(CREW, None, NOW)  # never read stable yet
+    tls_secrets._settled[key] = ("r1", crew_tls.fingerprint(ca_a.cert))
+    assert tls_secrets._quiet(CREW, None, NOW)
+    assert tls_secrets._quiet(CREW, "r1", NOW)  # the request already carried out
+    assert not tls_secrets._quiet(CREW, "r2", NOW)  # a new request
+    assert not tls_secrets._quiet(CREW, None, NOW + dt.timedelta(days=2500))  # expiring
+    tls_secrets._clients[key] = (0.0, crew_tls.CrewClientTLS.for_ca(ca_a, [ca_a.cert,
+                                                                           ca_b.cert]))
+    assert not tls_secrets._quiet(CREW, None, NOW)  # a bundle: a rotation under way
+    tls_secrets._clients[key] = (0.0, crew_tls.CrewClientTLS.for_ca(ca_b))
+    assert not tls_secrets._quiet(CREW, None, NOW)  # the Secret changed since it was read
