@@ -61,7 +61,10 @@ def build_parser(defaults: OperatorConfig) -> argparse.ArgumentParser:
 
 def parse_config(argv: Sequence[str] | None = None,
                  base: OperatorConfig | None = None) -> OperatorConfig:
-    cfg = base or OperatorConfig.from_env()
+    try:
+        cfg = base or OperatorConfig.from_env()
+    except ValueError as exc:  # a bad CREWFENCE_OPERATOR_* value: one line, no traceback
+        raise SystemExit(f"crewfence-operator: {exc}") from None
     args = build_parser(cfg).parse_args(argv)
 
     def pick(value: object, current: object) -> object:

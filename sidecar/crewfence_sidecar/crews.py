@@ -13,8 +13,8 @@ from __future__ import annotations
 import importlib
 import threading
 import weakref
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from crewai import Crew
@@ -105,6 +105,8 @@ _HANDED_OUT = _HandedOut()
 @dataclass(frozen=True)
 class CrewCatalog:
     factories: Mapping[str, CrewFactory]
+    declarative: frozenset[str] = frozenset()
+    """Crew ids built from the crews file: no user code runs when they are built."""
 
     @classmethod
     def load(cls, registry: str | None, crews_file: Path | None) -> CrewCatalog:
@@ -112,6 +114,7 @@ class CrewCatalog:
         if registry is None and crews_file is None:
             raise CatalogError("no crews: set a registry (module:attribute) or a crews file")
         factories: dict[str, CrewFactory] = {}
+        declarative: frozenset[str] = frozenset()
         if registry is not None:
             factories.update(_registry_factories(registry))
         if crews_file is not None:
@@ -126,13 +129,14 @@ class CrewCatalog:
                     f"and in crews file {crews_file}"
                 )
             factories.update({crew_id: d.build for crew_id, d in definitions.items()})
+            declarative = frozenset(definitions)
         if not factories:
             raise CatalogError("no crews: the registry and the crews file define none")
         decline_first_time_tracing()
         # Knowledge the registry's factories build (crew- or agent-level) must be searchable
         # from crewai's async path too.
         install_knowledge_storage()
-        return cls(dict(factories))
+        return cls(dict(factories), declarative)
 
     def crew_ids(self) -> list[str]:
         return sorted(self.factories)
@@ -157,3 +161,20 @@ class CrewCatalog:
             crew = crew.copy()
             _HANDED_OUT.claim(crew)
         return crew
+
+
+@dataclass(frozen=True)
+class PreparedCatalog(CrewCatalog):
+    """A catalog holding crews built ahead of their job (a spare worker builds them while it
+    waits): each prepared crew serves one job at most, then crews are built fresh."""
+
+    prepared: dict[str, Crew] = field(default_factory=dict)
+
+    @classmethod
+    def prepare(cls, catalog: CrewCatalog, crew_ids: Iterable[str]) -> PreparedCatalog:
+        return cls(catalog.factories, catalog.declarative,
+                   {crew_id: catalog.build(crew_id) for crew_id in crew_ids})
+
+    def build(self, crew_id: str) -> Crew:
+        crew = self.prepared.pop(crew_id, None)
+        return crew if crew is not None else super().build(crew_id)

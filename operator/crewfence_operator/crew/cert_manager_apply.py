@@ -12,18 +12,15 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
-import os
 import ssl
-import tempfile
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Final
 
 from kubernetes.client.exceptions import ApiException
 
-from crewfence_operator import certs, kube
+from crewfence_operator import kube
 from crewfence_operator.crew import cert_manager as cm
 from crewfence_operator.crew import tls as crew_tls
 from crewfence_operator.crew.identity import CrewRef
@@ -115,16 +112,7 @@ def _decode(secret: Mapping[str, Any], key: str) -> bytes | None:
 
 
 def client_context(ca_pem: bytes, cert_pem: bytes, key_pem: bytes) -> ssl.SSLContext:
-    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
-    ctx.load_verify_locations(cadata=ca_pem.decode("ascii"))
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    # load_cert_chain reads files only: a private directory that lives for this call.
-    with tempfile.TemporaryDirectory(prefix="crewfence-client-") as tmp:
-        cert_path, key_path = os.path.join(tmp, "tls.crt"), os.path.join(tmp, "tls.key")
-        Path(cert_path).write_bytes(cert_pem)
-        certs.write_private(Path(key_path), key_pem)
-        ctx.load_cert_chain(cert_path, key_path)
-    return ctx
+    return crew_tls.client_context_from_pem(ca_pem, cert_pem, key_pem)
 
 
 def client_tls_from_secret(secret: Mapping[str, Any] | None) -> ClientTLS | None:

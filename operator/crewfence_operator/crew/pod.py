@@ -38,6 +38,9 @@ def _env(name: str, value: str) -> dict[str, Any]:
     return {"name": name, "value": value}
 
 
+PLAINTEXT_ENV = "CREWFENCE_INSECURE_PLAINTEXT"
+
+
 def sidecar_env(
     crew: CrewRef, spec: CrewSpec, port: int, defaults: JournalBounds | None = None,
     *, files: bool = False,
@@ -84,6 +87,9 @@ def sidecar_env(
     if ref is not None:
         env.append({"name": LLM_API_KEY_ENV,
                     "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+    # The operator was told to speak plain HTTP (CREWFENCE_OPERATOR_SIDECAR_TLS=0): the
+    # sidecar, listening on the pod IP, must be told too or it refuses to start.
+    env.append(_env(PLAINTEXT_ENV, "1"))
     return env
 
 

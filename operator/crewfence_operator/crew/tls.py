@@ -301,15 +301,25 @@ def client_ssl_context(ca: certs.Issued, client: certs.Issued,
                        trust: Sequence[x509.Certificate] = ()) -> ssl.SSLContext:
     """Verify replicas against the Crew's trust bundle (``trust``, default the CA itself; the
     name is checked per call via ``server_hostname``) and present ``client``."""
-    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
-    ctx.load_verify_locations(cadata=bundle_pem(list(trust) or [ca.cert]).decode("ascii"))
+    return client_context_from_pem(bundle_pem(list(trust) or [ca.cert]), client.cert_pem,
+                                   client.key_pem)
+
+
+def client_context_from_pem(trust_pem: bytes, cert_pem: bytes, key_pem: bytes) -> ssl.SSLContext:
+    """The operator's client context: presents ``cert_pem``/``key_pem`` and trusts ONLY the
+    certificates in ``trust_pem``.
+
+    Invariant (only the Crew's CA): no system trust store is loaded, so a certificate that a
+    public CA issued for ``<pod>.<crew>.<ns>.svc`` opens no replica; hostnames are checked.
+    """
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # CERT_REQUIRED + check_hostname, no CAs
+    ctx.load_verify_locations(cadata=trust_pem.decode("ascii"))
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     # load_cert_chain reads files only: a private directory that lives for this call.
     with tempfile.TemporaryDirectory(prefix="crewfence-client-") as tmp:
         cert_path, key_path = os.path.join(tmp, "tls.crt"), os.path.join(tmp, "tls.key")
-        with open(cert_path, "wb") as handle:
-            handle.write(client.cert_pem)
-        certs.write_private(Path(key_path), client.key_pem)
+        Path(cert_path).write_bytes(cert_pem)
+        certs.write_private(Path(key_path), key_pem)
         ctx.load_cert_chain(cert_path, key_path)
     return ctx
 

@@ -65,20 +65,25 @@ def quiesce_event_bus() -> None:
     bus._executor_initialized = False
 
 
-def warm_up(*, in_worker: bool = False) -> None:
+def warm_up(*, in_worker: bool = False, runner: asyncio.Runner | None = None) -> None:
     """Run the warm-up kickoff; any failure only costs the speed-up (logged).
 
     In the template, the event bus is quiesced afterwards (single-threaded fork). In a spare
     worker (``in_worker``) the per-process costs are paid while it waits for a job: its own
     threads, the pages it will write to, and crewai's kickoff-outputs database in the real
-    storage directory (created if missing; nothing is written to it).
+    storage directory (created if missing; nothing is written to it). Given the ``runner``
+    the job will run on, the kickoff runs on that event loop too, so the job finds the loop
+    and its default thread pool already made.
     """
     previous = os.environ.get("CREWAI_STORAGE_DIR")
     try:
         with tempfile.TemporaryDirectory(prefix="crewfence-warm-") as scratch:
             os.environ["CREWAI_STORAGE_DIR"] = scratch
             try:
-                asyncio.run(_kickoff())
+                if runner is not None:
+                    runner.run(_kickoff())
+                else:
+                    asyncio.run(_kickoff())
             finally:
                 if previous is None:
                     os.environ.pop("CREWAI_STORAGE_DIR", None)

@@ -72,6 +72,23 @@ async def _execute(catalog: Any, job: dict[str, Any], channel: _Channel,
     return {"type": "result", "output": output}
 
 
+MAX_PREPARED_CREWS = 4
+
+
+def _prepare(catalog: Any) -> Any:
+    """Build the declarative crews ahead of the job (a spare waits anyway); a registry crew
+    is built when its job comes, since its factory is user code whose timing may matter."""
+    from crewfence_sidecar.crews import PreparedCatalog
+
+    ids = sorted(catalog.declarative)
+    if not ids or len(ids) > MAX_PREPARED_CREWS:
+        return catalog
+    try:
+        return PreparedCatalog.prepare(catalog, ids)
+    except Exception:  # the job's own build reports what is wrong
+        return catalog
+
+
 def run(channel_fd: int, close_fds: list[int], catalog: Any, settings: TemplateSettings,
         template_pid: int, spare: bool = False) -> NoReturn:
     """The whole life of a worker (called in the child right after ``fork``)."""
@@ -85,10 +102,16 @@ def run(channel_fd: int, close_fds: list[int], catalog: Any, settings: TemplateS
         apply_limits(settings)
         sock = socket.socket(fileno=channel_fd)
         sock.setblocking(True)
+        # One event loop for the warm-up and the job; never closed: the process ends in
+        # os._exit right after the result is sent, so no loop teardown (cancelling crewai's
+        # leftover tasks, joining the default executor) delays the answer.
+        runner = asyncio.Runner()
         if spare and settings.warm_workers:
             from crewfence_sidecar.workers.warmup import warm_up
 
-            warm_up(in_worker=True)  # a spare pays its first-kickoff costs before its job
+            # a spare pays its first-kickoff costs before its job, on the job's own loop
+            warm_up(in_worker=True, runner=runner)
+            catalog = _prepare(catalog)
         job = read_frame(sock)
         if job is None:
             code = EXIT_NO_JOB
@@ -100,7 +123,7 @@ def run(channel_fd: int, close_fds: list[int], catalog: Any, settings: TemplateS
 
             # after any warm-up: only this job's calls are reported
             observe_calls(lambda: channel.send({"type": "llm_call"}))
-            channel.send_outcome(asyncio.run(_execute(catalog, job, channel, settings)))
+            channel.send_outcome(runner.run(_execute(catalog, job, channel, settings)))
             code = EXIT_OK
     except BaseException:
         code = EXIT_INTERNAL

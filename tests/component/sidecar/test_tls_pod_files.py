@@ -110,9 +110,13 @@ def test_no_secret_in_the_pod_environment(crew_ca: crew_tls.certs.Issued) -> Non
     assert container["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
     (volume,) = [v for v in pod["spec"]["volumes"] if v["name"] == pod_credentials.VOLUME]
     assert volume["projected"]["defaultMode"] == 0o400
-    # Off by default: today's manifest is unchanged.
-    plain = replica_pod(CREW, SPEC, 0, PodSettings())
+    assert "CREWFENCE_INSECURE_PLAINTEXT" not in names
+    # Plain HTTP only when the operator was told so; then the sidecar is told too, or it
+    # would refuse to listen on the pod IP without TLS.
+    plain = replica_pod(CREW, SPEC, 0, PodSettings(sidecar_tls=False))
     assert pod_credentials.VOLUME not in {v["name"] for v in plain["spec"]["volumes"]}
+    plain_env = {e["name"]: e.get("value") for e in plain["spec"]["containers"][0]["env"]}
+    assert plain_env["CREWFENCE_INSECURE_PLAINTEXT"] == "1"
 
 
 def test_kubelet_modes_are_owner_only_or_root_group_read(

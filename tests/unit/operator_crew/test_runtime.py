@@ -54,6 +54,13 @@ def test_sidecar_tls_is_on_unless_explicitly_turned_off() -> None:
             OperatorConfig.from_env({"CREWFENCE_OPERATOR_SIDECAR_TLS": typo})
 
 
+def test_a_bad_setting_is_one_line_not_a_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CREWFENCE_OPERATOR_SIDECAR_TLS", "flase")
+    with pytest.raises(SystemExit) as exited:
+        parse_config([])
+    assert str(exited.value).startswith("crewfence-operator: CREWFENCE_OPERATOR_SIDECAR_TLS=")
+
+
 def test_undotted_webhook_config_name_refused() -> None:
     with pytest.raises(SystemExit):
         parse_config(["--webhook-config-name", "nodots"], base=OperatorConfig.from_env({}))

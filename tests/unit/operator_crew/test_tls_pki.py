@@ -87,3 +87,14 @@ def test_client_context_is_cached_per_ca_and_renewed(ca: certs.Issued) -> None:
     assert material.still_good(ca, NOW)
     assert not material.still_good(ca, NOW + dt.timedelta(days=61))
     assert not material.still_good(crew_tls.new_crew_ca(CREW), NOW)
+
+
+def test_client_context_trusts_the_crews_ca_only(ca: certs.Issued) -> None:
+    """A certificate from any system CA must open no replica: only the bundle is trusted."""
+    client = crew_tls.issue_operator_client(ca)
+    ctx = crew_tls.client_ssl_context(ca, client)
+    assert [c["serialNumber"] for c in ctx.get_ca_certs()] == [f"{ca.cert.serial_number:X}"]
+    assert ctx.check_hostname and ctx.verify_mode.name == "CERT_REQUIRED"
+    other = crew_tls.new_crew_ca(CrewRef(name="other", namespace="team-b", uid="uid-2"))
+    both = crew_tls.client_ssl_context(ca, client, trust=[ca.cert, other.cert])
+    assert len(both.get_ca_certs()) == 2
