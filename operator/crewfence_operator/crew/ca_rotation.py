@@ -48,7 +48,6 @@ from typing import Any, Final, Literal
 
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec
 
 from crewfence_operator import certs
 from crewfence_operator import constants as c
@@ -65,27 +64,6 @@ NEXT_KEY_KEY: Final = "next.key"
 PREVIOUS_CERT_KEY: Final = "previous.crt"
 
 Phase = Literal["stable", "trusting", "switching"]
-
-
-def _decode(data: Mapping[str, Any], key: str) -> bytes | None:
-    raw = data.get(key)
-    if raw is None:
-        return None
-    try:
-        return base64.b64decode(raw, validate=True)
-    except ValueError:
-        return None
-
-
-def _issued(cert_pem: bytes | None, key_pem: bytes | None) -> certs.Issued | None:
-    if cert_pem is None or key_pem is None:
-        return None
-    try:
-        cert = x509.load_pem_x509_certificate(cert_pem)
-        key = serialization.load_pem_private_key(key_pem, password=None)
-    except ValueError:
-        return None
-    return certs.Issued(cert, key) if isinstance(key, ec.EllipticCurvePrivateKey) else None
 
 
 def _b64(data: bytes) -> str:
@@ -107,18 +85,18 @@ class CaState:
         signing = crew_tls.ca_from_secret(secret)
         if secret is None or signing is None:
             return None
-        data = secret.get("data") or {}
         annotations = (secret.get("metadata") or {}).get("annotations") or {}
-        previous_pem = _decode(data, PREVIOUS_CERT_KEY)
+        previous_pem = crew_tls.secret_bytes(secret, PREVIOUS_CERT_KEY)
         previous = None
         if previous_pem is not None:
             try:
                 previous = x509.load_pem_x509_certificate(previous_pem)
             except ValueError:
                 previous = None
-        return cls(signing=signing,
-                   next=_issued(_decode(data, NEXT_CERT_KEY), _decode(data, NEXT_KEY_KEY)),
-                   previous=previous, rotation_id=annotations.get(ROTATION_ID_ANNOTATION))
+        upcoming = crew_tls.issued_from_pem(crew_tls.secret_bytes(secret, NEXT_CERT_KEY),
+                                            crew_tls.secret_bytes(secret, NEXT_KEY_KEY))
+        return cls(signing=signing, next=upcoming, previous=previous,
+                   rotation_id=annotations.get(ROTATION_ID_ANNOTATION))
 
     @property
     def phase(self) -> Phase:

@@ -10,7 +10,6 @@ updated only where the operator's fields differ. Keys are never logged.
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
 import ssl
 import time
@@ -101,16 +100,6 @@ class ClientTLS:
     context: ssl.SSLContext = field(repr=False)
 
 
-def _decode(secret: Mapping[str, Any], key: str) -> bytes | None:
-    raw = (secret.get("data") or {}).get(key)
-    if not raw:
-        return None
-    try:
-        return base64.b64decode(raw, validate=True)
-    except ValueError:
-        return None
-
-
 def client_context(ca_pem: bytes, cert_pem: bytes, key_pem: bytes) -> ssl.SSLContext:
     return crew_tls.client_context_from_pem(ca_pem, cert_pem, key_pem)
 
@@ -119,8 +108,8 @@ def client_tls_from_secret(secret: Mapping[str, Any] | None) -> ClientTLS | None
     """None while cert-manager has not written the Secret (completely) yet."""
     if not secret:
         return None
-    pems = [_decode(secret, k) for k in (crew_tls.CA_CERT_KEY, crew_tls.TLS_CERT_KEY,
-                                         crew_tls.TLS_KEY_KEY)]
+    keys = (crew_tls.CA_CERT_KEY, crew_tls.TLS_CERT_KEY, crew_tls.TLS_KEY_KEY)
+    pems = [crew_tls.secret_bytes(secret, k) or None for k in keys]
     ca_pem, cert_pem, key_pem = pems
     if ca_pem is None or cert_pem is None or key_pem is None:
         return None

@@ -77,7 +77,8 @@ def replica_hosts(crew: CrewRef, ordinal: int, pod_ip: str | None) -> list[str]:
 
 
 # --- reading Secrets -------------------------------------------------------------------------
-def _secret_bytes(secret: Mapping[str, Any] | None, key: str) -> bytes | None:
+def secret_bytes(secret: Mapping[str, Any] | None, key: str) -> bytes | None:
+    """The decoded value of ``key`` in a Secret's ``data``; None when absent or not base64."""
     if not secret:
         return None
     raw = (secret.get("data") or {}).get(key)
@@ -91,7 +92,11 @@ def _secret_bytes(secret: Mapping[str, Any] | None, key: str) -> bytes | None:
 
 def ca_from_secret(secret: Mapping[str, Any] | None) -> certs.Issued | None:
     """The Crew CA kept in its Secret; None when absent or unreadable (then a new one)."""
-    cert_pem, key_pem = _secret_bytes(secret, CA_CERT_KEY), _secret_bytes(secret, CA_KEY_KEY)
+    return issued_from_pem(secret_bytes(secret, CA_CERT_KEY), secret_bytes(secret, CA_KEY_KEY))
+
+
+def issued_from_pem(cert_pem: bytes | None, key_pem: bytes | None) -> certs.Issued | None:
+    """A certificate and its EC key from PEM; None when either is absent or unreadable."""
     if cert_pem is None or key_pem is None:
         return None
     try:
@@ -99,14 +104,12 @@ def ca_from_secret(secret: Mapping[str, Any] | None) -> certs.Issued | None:
         key = serialization.load_pem_private_key(key_pem, password=None)
     except ValueError:
         return None
-    if not isinstance(key, ec.EllipticCurvePrivateKey):
-        return None
-    return certs.Issued(cert, key)
+    return certs.Issued(cert, key) if isinstance(key, ec.EllipticCurvePrivateKey) else None
 
 
 def trust_from_secret(secret: Mapping[str, Any] | None) -> list[x509.Certificate]:
     """The CA certificates a replica's TLS Secret carries in ``ca.crt`` (its trust bundle)."""
-    pem = _secret_bytes(secret, CA_CERT_KEY)
+    pem = secret_bytes(secret, CA_CERT_KEY)
     if pem is None:
         return []
     try:
@@ -154,7 +157,7 @@ def issuer_among(cert: x509.Certificate | None,
 
 
 def cert_from_secret(secret: Mapping[str, Any] | None) -> x509.Certificate | None:
-    pem = _secret_bytes(secret, TLS_CERT_KEY)
+    pem = secret_bytes(secret, TLS_CERT_KEY)
     if pem is None:
         return None
     try:
