@@ -14,6 +14,7 @@ import base64
 import http.client
 import json
 import re
+import socket
 import ssl
 import urllib.request
 import uuid
@@ -289,3 +290,21 @@ def operator_metric(url: str, name: str, label: str | None = None) -> float:
         if line.startswith(name + "{") and label in line:
             total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+def https_get(address: str, path: str, token: str, ctx: ssl.SSLContext,
+              server_name: str) -> tuple[int, str]:
+    """HTTPS GET to a replica's address on a fresh connection (a fresh handshake), verifying
+    the certificate for ``server_name``; the HTTP status and body."""
+    host, _, port = address.rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=15) as raw, \
+            ctx.wrap_socket(raw, server_hostname=server_name) as tls:
+        tls.sendall(f"GET {path} HTTP/1.1\r\nHost: {server_name}\r\n"
+                    f"Authorization: Bearer {token}\r\nConnection: close\r\n\r\n".encode())
+        data = b""
+        while chunk := tls.recv(65536):
+            data += chunk
+    if not data:  # TLS 1.3: a refused client certificate shows as a closed connection
+        raise ConnectionError("the connection closed without an HTTP answer")
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body.decode(errors="replace")

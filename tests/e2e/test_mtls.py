@@ -23,6 +23,7 @@ from crewjob_support import (
     apply_file,
     crew_token,
     crewjob_namespace,
+    https_get,
     wait_crew_ready,
     wait_phase,
 )
@@ -104,23 +105,6 @@ def _context(ca_pem: bytes, client: certs.Issued | None, tmp: Path) -> ssl.SSLCo
     return ctx
 
 
-def _get(address: str, path: str, token: str, ctx: ssl.SSLContext,
-         server_name: str) -> tuple[int, str]:
-    """HTTPS GET to the replica's IP, verifying the certificate for ``server_name``."""
-    host, _, port = address.rpartition(":")
-    with socket.create_connection((host, int(port)), timeout=15) as raw, \
-            ctx.wrap_socket(raw, server_hostname=server_name) as tls:
-        tls.sendall(f"GET {path} HTTP/1.1\r\nHost: {server_name}\r\n"
-                    f"Authorization: Bearer {token}\r\nConnection: close\r\n\r\n".encode())
-        data = b""
-        while chunk := tls.recv(65536):
-            data += chunk
-    if not data:  # TLS 1.3: a refused client certificate shows as a closed connection
-        raise ConnectionError("the connection closed without an HTTP answer")
-    head, _, body = data.partition(b"\r\n\r\n")
-    return int(head.split()[1]), body.decode(errors="replace")
-
-
 @pytest.mark.parametrize("example", sorted(EXPECTED))
 def test_every_operation_runs_over_mutual_tls(cluster: Cluster, research: str,
                                               example: str) -> None:
@@ -163,24 +147,24 @@ def test_who_the_sidecar_refuses(cluster: Cluster, research: str, tmp_path: Path
     own_client = crew_tls.issue_operator_client(ca)
 
     # The operator's kind of client: the Crew CA's client certificate and the token.
-    status, _ = _get(address, "/jobs/nothing-here", token,
+    status, _ = https_get(address, "/jobs/nothing-here", token,
                      _context(ca_pem, own_client, tmp_path / "own"), name0)
     assert status == 404
     # The token alone (a leaked Secret): 401 before anything else is looked at.
-    status, body = _get(address, "/jobs/nothing-here", token, _context(ca_pem, None, tmp_path),
+    status, body = https_get(address, "/jobs/nothing-here", token, _context(ca_pem, None, tmp_path),
                         name0)
     assert status == 401 and "client_certificate_required" in body
     # /health and /metrics stay open for probes and scraping, and say nothing secret.
-    status, body = _get(address, "/health", "", _context(ca_pem, None, tmp_path), name0)
+    status, body = https_get(address, "/health", "", _context(ca_pem, None, tmp_path), name0)
     assert status == 200 and token not in body
     # A client certificate of another Crew's CA: refused by the handshake.
     foreign = crew_tls.issue_operator_client(certs.new_ca("crewfence other/other"))
     with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
-        _get(address, "/jobs/nothing-here", token,
+        https_get(address, "/jobs/nothing-here", token,
              _context(ca_pem, foreign, tmp_path / "foreign"), name0)
     # The operator checks the replica's name: replica 1's certificate does not pass for 0.
     with pytest.raises(ssl.SSLCertVerificationError):
-        _get(_address(cluster, ns, 1), "/health", "", _context(ca_pem, None, tmp_path), name0)
+        https_get(_address(cluster, ns, 1), "/health", "", _context(ca_pem, None, tmp_path), name0)
     # Plain HTTP gets nothing.
     with pytest.raises((urllib.error.URLError, ConnectionError, OSError)):
         urllib.request.urlopen(f"http://{address}/health", timeout=10)
@@ -397,10 +381,10 @@ def test_token_roll_while_20_jobs_run(cluster: Cluster, research: str, pod_runne
     ctx = _context(ca.cert_pem, crew_tls.issue_operator_client(ca), tmp_path / "client")
     for o in (0, 1):
         address, name = _address(cluster, ns, o), f"research-{o}.research.{ns}.svc"
-        assert _get(address, "/jobs/nothing-here", new, ctx, name)[0] == 404
+        assert https_get(address, "/jobs/nothing-here", new, ctx, name)[0] == 404
         # The old token goes once the replica's mounted file drops it (kubelet sync).
         end = time.monotonic() + 60
-        while _get(address, "/jobs/nothing-here", old, ctx, name)[0] != 401:
+        while https_get(address, "/jobs/nothing-here", old, ctx, name)[0] != 401:
             assert time.monotonic() < end, "the old token is still accepted"
             time.sleep(1)
         assert pod_runner.pid(ns, f"research-{o}") == pids[o]

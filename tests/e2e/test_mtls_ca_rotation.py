@@ -13,7 +13,6 @@ import base64
 import json
 import os
 import signal
-import socket
 import ssl
 import time
 from collections.abc import Callable
@@ -30,6 +29,7 @@ from crewjob_support import (
     apply_obj,
     crew_token,
     crewjob_manifest,
+    https_get,
     research_crew,
     wait_crew_ready,
     wait_phase,
@@ -65,22 +65,7 @@ def _context(trust: list[x509.Certificate], client: certs.Issued, tmp: Path) -> 
     return ctx
 
 
-def _get(address: str, path: str, token: str, ctx: ssl.SSLContext, server_name: str) -> int:
-    """HTTPS GET on a fresh connection (a fresh handshake); the HTTP status."""
-    host, _, port = address.rpartition(":")
-    with socket.create_connection((host, int(port)), timeout=15) as raw, \
-            ctx.wrap_socket(raw, server_hostname=server_name) as tls:
-        tls.sendall(f"GET {path} HTTP/1.1\r\nHost: {server_name}\r\n"
-                    f"Authorization: Bearer {token}\r\nConnection: close\r\n\r\n".encode())
-        data = b""
-        while chunk := tls.recv(65536):
-            data += chunk
-    if not data:  # TLS 1.3: a refused client certificate shows as a closed connection
-        raise ConnectionError("the connection closed without an HTTP answer")
-    return int(data.split(b"\r\n", 1)[0].split()[1])
-
-
-def _refused(call: Callable[[], int]) -> bool:
+def _refused(call: Callable[[], object]) -> bool:
     try:
         call()
     except (ssl.SSLError, ConnectionError, OSError):
@@ -116,8 +101,8 @@ def test_ca_rotation_while_jobs_run(cluster: Cluster, pod_runner: PodRunner,
     old_client = crew_tls.issue_operator_client(old.signing)
     old_ctx = _context([old.signing.cert], old_client, tmp_path / "old")
     for o in (0, 1):  # the old CA's client certificate works before the rotation
-        assert _get(_address(cluster, ns, o), "/jobs/nothing-here", token, old_ctx,
-                    names[o]) == 404
+        assert https_get(_address(cluster, ns, o), "/jobs/nothing-here", token, old_ctx,
+                         names[o])[0] == 404
 
     jobs = [f"carot-{i}" for i in range(16)]
 
@@ -169,9 +154,9 @@ def test_ca_rotation_while_jobs_run(cluster: Cluster, pod_runner: PodRunner,
                        tmp_path / "new")
     for o in (0, 1):
         address = _address(cluster, ns, o)
-        assert _get(address, "/jobs/nothing-here", token, new_ctx, names[o]) == 404
+        assert https_get(address, "/jobs/nothing-here", token, new_ctx, names[o])[0] == 404
         end = time.monotonic() + 60
-        while not _refused(partial(_get, address, "/jobs/nothing-here", token, old_ctx,
+        while not _refused(partial(https_get, address, "/jobs/nothing-here", token, old_ctx,
                                    names[o])):
             assert time.monotonic() < end, f"replica {o} still accepts the old CA's client"
             time.sleep(1)
@@ -179,7 +164,7 @@ def test_ca_rotation_while_jobs_run(cluster: Cluster, pod_runner: PodRunner,
     # ... and a client that trusts the old CA alone no longer accepts the replicas.
     old_only = _context([old.signing.cert], crew_tls.issue_operator_client(new.signing),
                         tmp_path / "old-trust")
-    assert _refused(partial(_get, _address(cluster, ns, 0), "/health", token, old_only,
+    assert _refused(partial(https_get, _address(cluster, ns, 0), "/health", token, old_only,
                             names[0]))
 
     # The operator still talks to every replica: a job assigned to each one succeeds.
