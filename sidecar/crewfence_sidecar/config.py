@@ -57,6 +57,10 @@ BOUNDS: Final[dict[str, Bound]] = {
     "worker_cpu_seconds": Bound("CREWFENCE_WORKER_CPU_SECONDS", "--worker-cpu-seconds", 0, 0,
                                 7 * 24 * 3600, "CPU-time limit (RLIMIT_CPU) of each job's "
                                 "worker; 0 = none"),
+    "worker_max_jobs": Bound("CREWFENCE_WORKER_MAX_JOBS", "--worker-max-jobs", 100, 1,
+                             1_000_000, "jobs one worker may run in turn (reused only when "
+                             "its job ended on its own and left nothing running; never with "
+                             "a CPU limit); 1 = a fresh worker per job"),
 }
 
 DEFAULT_HOST: Final = "0.0.0.0"  # noqa: S104 - a pod's sidecar must be reachable
@@ -83,6 +87,7 @@ class SidecarConfig:
     worker_memory_mb: int = BOUNDS["worker_memory_mb"].default
     worker_cpu_seconds: int = BOUNDS["worker_cpu_seconds"].default
     worker_spares: int = BOUNDS["worker_spares"].default
+    worker_max_jobs: int = BOUNDS["worker_max_jobs"].default
     training_dir: Path | None = None
     ephemeral: bool = False
     allow_unauthenticated: bool = False

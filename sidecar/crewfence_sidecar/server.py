@@ -183,7 +183,8 @@ def worker_execution(config: SidecarConfig, supervisor: Any) -> tuple[CrewSet, E
     supervisor.on_lost = lambda: os.kill(os.getpid(), signal.SIGTERM)
     supervisor.attach()
     executor = WorkerExecutor(supervisor, stop_grace=config.worker_stop_grace_ms / 1000,
-                              max_live=config.max_concurrency, spares=config.worker_spares)
+                              max_live=config.max_concurrency, spares=config.worker_spares,
+                              max_jobs=config.worker_max_jobs)
     executor.prime()
     return WorkerCrews(supervisor.info), executor
 

@@ -9,11 +9,20 @@ Invariants kept here:
   not cut that wait short. A result is handed to ``JobContext.on_output`` as it arrives (the
   worker has nothing left to run but its exit), so a blocking answer does not wait for the
   kernel to tear a process down.
-- Live workers count against maxConcurrency: the runtime holds its concurrency slot for the
-  whole call, and the call lasts until the worker is gone, a result included.
+- Live workers count against maxConcurrency (busy + idle): the runtime holds its concurrency
+  slot for the whole call, and the call lasts until the worker is gone, or, for a reused
+  worker, until it reported ``idle`` (it runs nothing then) and went back to the pool. Idle
+  workers (spares and reused ones) are only kept while ``max_live`` is set and are counted
+  by the supervisor's ``live_workers`` like any live worker, so busy + idle <= max_live.
 - Spares never compete with the job that takes one: the pool is refilled when a job ends
-  (its worker reaped), and at take time only when the pool has run dry, so a replacement's
-  fork and warm-up kickoff happen after the job that triggered them, not beside it.
+  (its worker reaped or idle again), and at take time only when the pool has run dry, so a
+  replacement's fork and warm-up kickoff happen after the job that triggered them, not
+  beside it.
+- Reuse only after a job ended on its own: a worker goes back to the pool only when its job
+  sent a result or an error and then the worker itself reported ``idle`` (its checks in
+  :mod:`crewfence_sidecar.workers.reuse` passed). A cancelled, timed-out or stopped job's
+  worker is always signalled and reaped; a worker whose channel ended is never reused, so a
+  dead worker fails only its own job. Reused workers are given out first (warmest).
 - Stop = SIGTERM to the group, ``stop_grace`` seconds, SIGKILL, reap; the
   :class:`~crewfence_sidecar.workers.outcomes.StopReport` goes to the runtime through
   ``JobContext.on_stopped`` before the cancellation propagates.
@@ -22,12 +31,14 @@ Invariants kept here:
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 from collections import deque
 from collections.abc import Awaitable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from crewfence_sidecar.config import BOUNDS
 from crewfence_sidecar.journal import utc_now
 from crewfence_sidecar.runtime import JobContext
 from crewfence_sidecar.workers.counters import count_offline_llm_call
@@ -36,8 +47,10 @@ from crewfence_sidecar.workers.protocol import ExitStatus
 from crewfence_sidecar.workers.supervisor import Supervisor, TemplateInfo, WorkerHandle
 
 T = TypeVar("T")
+log = logging.getLogger("crewfence.sidecar.workers")
 DEFAULT_STOP_GRACE_SECONDS = 2.0
 DEFAULT_SPARES = 2
+DEFAULT_MAX_JOBS = BOUNDS["worker_max_jobs"].default
 
 
 class _NotSerialisable:
@@ -69,7 +82,12 @@ class WorkerStats:
 
     start_ns: list[int]
     job_cpu_seconds: list[float] = field(default_factory=list)
-    """CPU time of each reaped worker that ran a job (a spare's includes its warm-up)."""
+    """CPU time of each job: the worker's CPU time since its previous job ended (a worker's
+    first job includes its fork and, for a spare, its warm-up)."""
+    reused_jobs: int = 0
+    """Jobs that ran in a worker which had run an earlier job."""
+    not_reused: list[str] = field(default_factory=list)
+    """Why workers that could have been reused exited instead (the worker's own words)."""
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.start_ns)
@@ -101,15 +119,19 @@ class WorkerExecutor:
     """Runs each job in a worker. Keeps up to ``spares`` warm spare workers (forked ahead,
     oldest given out first) while ``live workers < max_live``, so spares never push the
     process count past maxConcurrency; without ``max_live`` every job forks its own worker.
+    A worker may run up to ``max_jobs`` jobs (worker reuse; 1 = one job per worker); an idle
+    reused worker is kept while the pool holds fewer than ``max(spares, 1)`` workers.
     """
 
     def __init__(self, supervisor: Supervisor,
                  stop_grace: float = DEFAULT_STOP_GRACE_SECONDS,
-                 max_live: int | None = None, spares: int = DEFAULT_SPARES) -> None:
+                 max_live: int | None = None, spares: int = DEFAULT_SPARES,
+                 max_jobs: int = DEFAULT_MAX_JOBS) -> None:
         self.supervisor = supervisor
         self.stop_grace = stop_grace
         self.max_live = max_live
         self.spares = spares
+        self.max_jobs = max_jobs
         self.stats = WorkerStats([])
         self._spares: deque[WorkerHandle] = deque()
 
@@ -150,10 +172,21 @@ class WorkerExecutor:
         """Fork the first spares (call on the running event loop)."""
         self._refill()
 
+    def _put_back(self, handle: WorkerHandle) -> bool:
+        """Return an idle worker to the pool (first in line); False when it cannot stay."""
+        if (self.max_live is None or not self.supervisor.available or handle.exited.done()
+                or len(self._spares) >= max(self.spares, 1)):
+            return False
+        handle.spare = True  # its next start includes waiting: not a start latency
+        self._spares.appendleft(handle)
+        return True
+
     async def __call__(self, ctx: JobContext) -> Any:
         handle = self._take_worker()
         if not self._spares:
             self._refill()  # run dry: a burst must not find the pool empty twice
+        idle = False
+        exit_status: ExitStatus | None = None
         try:
             try:
                 await asyncio.shield(handle.forked)
@@ -161,26 +194,63 @@ class WorkerExecutor:
                 lost = ExitStatus(detail=f"no worker process: {exc}")
                 raise WorkerDied(lost, StopReport(stopped_at=utc_now(), exit=lost,
                                                   escalated=False)) from None
+            if handle.jobs_done:
+                self.stats.reused_jobs += 1
+            may_reuse = self.max_live is not None and handle.jobs_done + 1 < self.max_jobs
             await handle.open({"crew_id": ctx.crew_id, "action_id": ctx.action_id,
-                               "operation": ctx.operation, "input": ctx.input})
+                               "operation": ctx.operation, "input": ctx.input,
+                               "max_jobs": self.max_jobs if self.max_live is not None else 1})
             outcome = await self._follow(handle, ctx)
             if outcome is not None and ctx.on_output is not None:
                 if outcome["type"] == "result":
                     ctx.on_output(outcome.get("output"))
                 elif outcome["type"] == "unserialisable":
                     ctx.on_output(_NotSerialisable())
-            exit_status = await asyncio.shield(handle.exited)
-            if exit_status.cpu_seconds is not None:
-                self.stats.job_cpu_seconds.append(exit_status.cpu_seconds)
+            if outcome is not None and may_reuse:
+                idle_cpu = await self._await_idle(handle)
+                if idle_cpu is not None:
+                    self.stats.job_cpu_seconds.append(
+                        max(0.0, idle_cpu - handle.cpu_seconds_before))
+                    handle.cpu_seconds_before = idle_cpu
+                    handle.jobs_done += 1
+                    idle = self._put_back(handle)
+                    if not idle:  # the pool is full: it exits; counted until reaped
+                        handle.close()
+            if not idle:
+                exit_status = await asyncio.shield(handle.exited)
+                if exit_status.cpu_seconds is not None:
+                    self.stats.job_cpu_seconds.append(
+                        max(0.0, exit_status.cpu_seconds - handle.cpu_seconds_before))
         except asyncio.CancelledError:
+            idle = False  # a cancelled job's worker is stopped, never reused
             report = await _uncancellable(self._stop(handle))
             if report is not None and ctx.on_stopped is not None:
                 ctx.on_stopped(report)
             raise
         finally:
-            handle.close()
+            if not idle:
+                handle.close()
             self._refill()
+        if exit_status is None:  # idle again: the job ended with its outcome
+            exit_status = ExitStatus(exit_code=0)
         return self._conclude(outcome, exit_status)
+
+    async def _await_idle(self, handle: WorkerHandle) -> float | None:
+        """After the outcome: the worker's CPU seconds when it reported ``idle`` (it may take
+        another job), None when its channel ended (it exits)."""
+        while True:
+            message = await handle.next_message()
+            if message is None:
+                return None
+            kind = message.get("type")
+            if kind == "llm_call":
+                count_offline_llm_call()
+            elif kind == "idle":
+                return float(message.get("cpu_seconds") or 0.0)
+            elif kind == "retiring":
+                reason = str(message.get("reason") or "")
+                self.stats.not_reused.append(reason)
+                log.debug("worker %s is not reused: %s", handle.pid, reason)
 
     async def _follow(self, handle: WorkerHandle, ctx: JobContext) -> dict[str, Any] | None:
         """Chunks to the runtime until the result; None when the channel ended without one."""

@@ -9,7 +9,10 @@ Two kinds of channel:
 - One job channel per worker (``AF_UNIX``/``SOCK_STREAM``): length-prefixed JSON frames. The
   sidecar writes the job first; the worker answers ``started``, any number of ``chunk``
   frames, then exactly one ``result`` or ``error``. A channel that ends without either means
-  the worker died.
+  the worker died. After its outcome a worker that may take another job (worker reuse)
+  sends ``idle`` (with its CPU seconds so far) and waits for the next job frame; one that
+  may not sends ``retiring`` (with the reason) and exits. The job frame's ``max_jobs``
+  bounds the jobs per worker.
 """
 
 from __future__ import annotations

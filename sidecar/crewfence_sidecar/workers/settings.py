@@ -27,7 +27,8 @@ class TemplateSettings:
     memory_bytes: int = 0
     """RLIMIT_AS of each worker (address space, not RSS); 0 = no limit."""
     cpu_seconds: int = 0
-    """RLIMIT_CPU of each worker: SIGXCPU at the limit, SIGKILL a second later; 0 = none."""
+    """RLIMIT_CPU of each worker: SIGXCPU at the limit, SIGKILL a second later; 0 = none.
+    When set, no worker is reused (RLIMIT_CPU counts the process's life, not one job's)."""
     warm_workers: bool = True
     """Each worker runs an internal offline kickoff before it reads its job (spare workers
     then start jobs warm)."""

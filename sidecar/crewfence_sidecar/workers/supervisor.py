@@ -74,6 +74,10 @@ class WorkerHandle:
     """Forked ahead of its job (it warmed up, then waited)."""
     reader: asyncio.StreamReader | None = None
     writer: asyncio.StreamWriter | None = None
+    jobs_done: int = 0
+    """Jobs this worker ended on its own and reported ``idle`` after (worker reuse)."""
+    cpu_seconds_before: float = 0.0
+    """The worker's CPU seconds when its previous job ended (0 before its first job)."""
 
     @property
     def pid(self) -> int | None:
@@ -82,8 +86,10 @@ class WorkerHandle:
         return None
 
     async def open(self, job: dict[str, Any]) -> None:
-        self.reader, self.writer = await asyncio.open_unix_connection(
-            sock=self.channel, limit=2 ** 16)
+        """Send a job (the channel's streams are made at the worker's first job)."""
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_unix_connection(
+                sock=self.channel, limit=2 ** 16)
         self.writer.write(frame(job))
 
     async def next_message(self) -> dict[str, Any] | None:

@@ -1,4 +1,5 @@
-"""The template process: imports crewai and the crews once, then forks one worker per job.
+"""The template process: imports crewai and the crews once, then forks the job workers (a
+worker runs one job, or several in turn when it is reused: ``workers.reuse``).
 
 It is started early (forked by ``crewfence-sidecar`` before it opens the journal or starts
 any thread, or spawned as a fresh interpreter with ``python -m``) and stays single-threaded,
@@ -8,9 +9,9 @@ Invariants kept here:
 
 - Single-threaded fork: the template never starts a thread or an event loop; workers are
   forked from its only thread.
-- Reaped means gone: the template reaps each worker, then SIGKILLs what is left of its
-  process group, and only then reports ``exited``; signal requests for a pid it has reaped
-  are ignored (no signal can reach a recycled pid).
+- Reaped means gone: the template reaps each worker (whether it ran one job or several),
+  then SIGKILLs what is left of its process group, and only then reports ``exited``;
+  signal requests for a pid it has reaped are ignored (no signal can reach a recycled pid).
 - Dies with the sidecar: PR_SET_PDEATHSIG (SIGTERM) and the end of the control socket both
   make it SIGKILL every worker group it started, reap them and exit.
 """

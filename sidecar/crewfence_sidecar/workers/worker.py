@@ -1,4 +1,5 @@
-"""One forked worker: runs one job and reports over its channel, then exits.
+"""One forked worker: runs a job and reports over its channel, then exits or, when its
+job ended on its own and left nothing running, takes another job (worker reuse).
 
 Runs in the child of the template's ``fork``. Invariants kept here:
 
@@ -7,6 +8,13 @@ Runs in the child of the template's ``fork``. Invariants kept here:
 - Dies with the template (``PR_SET_PDEATHSIG`` = SIGKILL): no orphan keeps calling a model.
 - Never touches the journal: it only writes frames on its channel; the sidecar persists them.
 - Never returns into the template's loop: every path ends in ``os._exit``.
+- Reused only when nothing of its job can still run: after the outcome frame it checks
+  :func:`~crewfence_sidecar.workers.reuse.refusal` (threads, tasks, process group, RSS, job
+  count, no CPU limit); only then does it send ``idle`` and read another job. Otherwise it
+  exits as a one-job worker does. A cancelled or timed-out job never gets here: it is
+  signalled and reaped.
+- One ``started`` frame per job; offline LLM calls are reported only while a job runs, so a
+  job's ``llm_call`` frames are its own calls.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from typing import Any, NoReturn
 
 from crewfence_sidecar.runtime import JobContext
 from crewfence_sidecar.workers.protocol import ProtocolError, frame, read_frame, write_frame
+from crewfence_sidecar.workers.reuse import JobBaseline, refusal
 from crewfence_sidecar.workers.settings import (
     TemplateSettings,
     apply_limits,
@@ -102,9 +111,9 @@ def run(channel_fd: int, close_fds: list[int], catalog: Any, settings: TemplateS
         apply_limits(settings)
         sock = socket.socket(fileno=channel_fd)
         sock.setblocking(True)
-        # One event loop for the warm-up and the job; never closed: the process ends in
-        # os._exit right after the result is sent, so no loop teardown (cancelling crewai's
-        # leftover tasks, joining the default executor) delays the answer.
+        # One event loop for the warm-up and every job of this worker; never closed: the
+        # process ends in os._exit after its last outcome is sent, so no loop teardown
+        # (cancelling crewai's leftover tasks, joining the default executor) delays it.
         runner = asyncio.Runner()
         if spare and settings.warm_workers:
             from crewfence_sidecar.workers.warmup import warm_up
@@ -112,19 +121,41 @@ def run(channel_fd: int, close_fds: list[int], catalog: Any, settings: TemplateS
             # a spare pays its first-kickoff costs before its job, on the job's own loop
             warm_up(in_worker=True, runner=runner)
             catalog = _prepare(catalog)
-        job = read_frame(sock)
-        if job is None:
-            code = EXIT_NO_JOB
-        else:
-            channel = _Channel(sock)
+        channel = _Channel(sock)
+        from crewfence_sidecar.offline_llm import observe_calls
+
+        job_running = False
+
+        def report_call() -> None:
+            if job_running:  # only the current job's calls (not a warm-up's)
+                channel.send({"type": "llm_call"})
+
+        observe_calls(report_call)
+        jobs_done = 0
+        code = EXIT_NO_JOB
+        while True:
+            job = read_frame(sock)
+            if job is None:
+                break
+            baseline = JobBaseline.take()
             channel.send({"type": "started", "pid": os.getpid(),
                           "started_ns": time.monotonic_ns()})
-            from crewfence_sidecar.offline_llm import observe_calls
-
-            # after any warm-up: only this job's calls are reported
-            observe_calls(lambda: channel.send({"type": "llm_call"}))
-            channel.send_outcome(runner.run(_execute(catalog, job, channel, settings)))
+            job_running = True
+            outcome = runner.run(_execute(catalog, job, channel, settings))
+            channel.send_outcome(outcome)
+            jobs_done += 1
             code = EXIT_OK
+            why_not = refusal(runner.get_loop(), baseline, jobs_done=jobs_done,
+                              max_jobs=int(job.get("max_jobs") or 1),
+                              cpu_limited=settings.cpu_seconds > 0)
+            if why_not is not None:
+                channel.send({"type": "retiring", "reason": why_not})
+                break
+            job_running = False
+            channel.send({"type": "idle", "jobs_done": jobs_done,
+                          "cpu_seconds": round(time.process_time(), 6)})
+            if settings.warm_workers:  # like a spare: the next job's crew is built ahead
+                catalog = _prepare(catalog)
     except BaseException:
         code = EXIT_INTERNAL
     finally:

@@ -116,3 +116,23 @@ async def test_a_job_over_its_memory_limit_fails_alone(make_worker_client: Any,
     # The next admission runs, under the same limit.
     r = await c.post("/jobs", json=start_body("after-hog"), headers=headers("after-hog"))
     assert r.status == 200, await r.text()
+
+
+async def test_no_worker_is_reused_under_a_cpu_limit(make_worker_client: Any,
+                                                     worker_template: Template) -> None:
+    """RLIMIT_CPU counts a process's whole life: a reused worker's next job would get less
+    than its allowance, so with a CPU limit every job gets a fresh worker."""
+    c = await make_worker_client()
+    for action_id in ("cpu-1", "cpu-2"):
+        r = await c.post("/jobs", json=start_body(action_id, crew_id="tagged",
+                                                  topic=f"TAG-{action_id}"),
+                         headers=headers(action_id))
+        assert r.status == 200, await r.text()
+    first, second = worker_template.pid_of("TAG-cpu-1"), worker_template.pid_of("TAG-cpu-2")
+    assert first is not None and second is not None and first != second
+    assert c.executor.stats.reused_jobs == 0
+    deadline = time.monotonic() + 30
+    while not c.executor.stats.not_reused:  # the worker's reason arrives after the record
+        assert time.monotonic() < deadline, "no reason for not reusing the worker"
+        await asyncio.sleep(0.01)
+    assert "CPU" in c.executor.stats.not_reused[0]

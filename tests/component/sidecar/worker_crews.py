@@ -9,12 +9,19 @@ O_APPEND by whatever process runs the job, so a test in another process can coun
 - ``spin``: the model asks for the ``spin`` tool, which loops forever in pure Python and logs
   a line every :data:`SPIN_LOG_EVERY` iterations (a job stuck in a tight tool loop).
 - ``segfault``: the model call dereferences NULL (a native extension fault).
+- ``tagged``: the offline model, each call logged (which worker ran the job: reuse tests).
+- ``leak_thread``: a tool starts a non-daemon thread that sleeps for an hour, then the job
+  ends normally (its worker must not be reused).
+- ``leak_process``: a tool starts ``sleep 3600`` in the worker's process group, then the job
+  ends normally (its worker must not be reused; the child dies with the group).
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import subprocess
+import threading
 import time
 from typing import Any
 
@@ -107,6 +114,54 @@ class SegfaultLLM(BaseLLM):
         return self.call(messages, *args, **kwargs)
 
 
+class TaggedLLM(OfflineLLM):
+    def call(self, messages: Any, *args: Any, **kwargs: Any) -> Any:
+        effect("llm", _tag(messages))
+        return super().call(messages, *args, **kwargs)
+
+    async def acall(self, messages: Any, *args: Any, **kwargs: Any) -> Any:
+        return self.call(messages, *args, **kwargs)
+
+
+class LeakThreadTool(BaseTool):
+    name: str = "leak"
+    description: str = "Leaves something running."
+
+    def _run(self, **kwargs: Any) -> str:
+        threading.Thread(target=time.sleep, args=(3600,), name="leaked-sleeper").start()
+        return "left a thread running"
+
+
+class LeakProcessTool(BaseTool):
+    name: str = "leak"
+    description: str = "Leaves something running."
+
+    def _run(self, **kwargs: Any) -> str:
+        child = subprocess.Popen(["sleep", "3600"])
+        effect("child", str(child.pid))
+        return "left a process running"
+
+
+class UseToolOnceLLM(BaseLLM):
+    """Asks for the ``leak`` tool once, then gives its final answer."""
+
+    def __init__(self, **data: Any) -> None:
+        super().__init__(model="test/use-tool-once", **data)
+
+    def supports_function_calling(self) -> bool:
+        return False
+
+    def call(self, messages: Any, *args: Any, **kwargs: Any) -> Any:
+        text = prompt_text(messages)
+        effect("llm", _tag(messages))
+        if "left a " in text:  # the tool's observation came back
+            return "Thought: I now know the final answer\nFinal Answer: done"
+        return "Thought: I must leak.\nAction: leak\nAction Input: {}"
+
+    async def acall(self, messages: Any, *args: Any, **kwargs: Any) -> Any:
+        return self.call(messages, *args, **kwargs)
+
+
 def _crew(llm: BaseLLM, tasks: int = 1, tools: list[BaseTool] | None = None) -> Crew:
     agent = Agent(role="Worker", goal="Work on {topic}", backstory="Diligent.", llm=llm,
                   tools=tools or [], max_iter=3)
@@ -120,4 +175,7 @@ CREWS = {
     "hang": lambda: _crew(HangLLM(), tasks=2),
     "spin": lambda: _crew(ToolLoopLLM(), tools=[SpinTool()]),
     "segfault": lambda: _crew(SegfaultLLM()),
+    "tagged": lambda: _crew(TaggedLLM()),
+    "leak_thread": lambda: _crew(UseToolOnceLLM(), tools=[LeakThreadTool()]),
+    "leak_process": lambda: _crew(UseToolOnceLLM(), tools=[LeakProcessTool()]),
 }

@@ -117,7 +117,8 @@ async def make_worker_client(worker_template: Template, state_dir: Path
         opened = open_journal(config)
         executor = WorkerExecutor(supervisor, stop_grace=stop_grace,
                                   max_live=config.max_concurrency,
-                                  spares=config.worker_spares)
+                                  spares=config.worker_spares,
+                                  max_jobs=config.worker_max_jobs)
         executor.prime()
         sidecar = build_sidecar(config, WorkerCrews(supervisor.info), executor, opened)
         client = await serve_in_process(sidecar, made)

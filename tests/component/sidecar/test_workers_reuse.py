@@ -1,0 +1,163 @@
+"""Worker reuse (``CREWFENCE_WORKER_MAX_JOBS``): a worker whose job ended on its own with
+nothing left running takes the next job; a worker whose job left a thread or a process
+running, was cancelled, or died is never given another job.
+
+Which worker ran a job is read from the effects log: the ``tagged`` crew's model logs the
+pid of the process that runs it (``worker_crews.effect``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from crewfence_sidecar.contract import job_path
+from sidecar_helpers import AUTH, headers, start_body
+from worker_support import Template, alive, children_of
+
+pytestmark = pytest.mark.timeout(180)
+
+
+async def _until(check: Any, what: str, timeout: float = 60) -> Any:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        assert loop.time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)
+
+
+async def _run(c: Any, action_id: str, crew_id: str = "tagged",
+               expect: int = 200) -> dict[str, Any]:
+    r = await c.post("/jobs", json=start_body(action_id, crew_id=crew_id,
+                                              topic=f"TAG-{action_id}"),
+                     headers=headers(action_id))
+    assert r.status == expect, await r.text()
+    record = await (await c.get(job_path(action_id), headers=AUTH)).json()
+    return dict(record)
+
+
+def _pid(template: Template, action_id: str) -> int:
+    pid = template.pid_of(f"TAG-{action_id}")
+    assert pid is not None, f"no model call logged for {action_id}"
+    return pid
+
+
+async def _nothing_left(c: Any, template: Template) -> None:
+    """Every child of the template is an idle pooled worker (reaps are awaited)."""
+    supervisor = template.supervisor
+
+    def settled() -> bool:
+        idle = set(c.executor.spare_pids)
+        return (all(pid in idle for pid, _ in children_of(supervisor.template_pid))
+                and supervisor.live_workers == len(idle))
+
+    await _until(settled, "only idle workers to remain")
+
+
+async def _idle_again(c: Any, pid: int) -> None:
+    """A result is recorded (and answered) before its worker's reuse checks end: wait until
+    the worker is back in the pool, so the next job is offered to it."""
+    await _until(lambda: pid in c.executor.spare_pids or c.executor.stats.not_reused,
+                 f"worker {pid} to be idle again")
+
+
+def _assert_completed(record: dict[str, Any], action_id: str) -> None:
+    assert record["status"] == "completed", record
+    assert record["action_id"] == action_id
+    assert record["uncertain_outcome"] is False
+    assert record["error"] is None
+
+
+async def test_sequential_jobs_run_in_the_same_worker(
+        make_worker_client: Any, worker_template: Template) -> None:
+    from crewfence_sidecar.workers.counters import offline_llm_calls
+
+    c = await make_worker_client()
+    calls = offline_llm_calls()
+    first = await _run(c, "reuse-1")
+    await _idle_again(c, _pid(worker_template, "reuse-1"))
+    first_calls, calls = offline_llm_calls() - calls, offline_llm_calls()
+    second = await _run(c, "reuse-2")
+    await _idle_again(c, _pid(worker_template, "reuse-2"))
+    # each job's model calls are reported once, by the job that made them
+    assert offline_llm_calls() - calls == first_calls >= 1
+    _assert_completed(first, "reuse-1")
+    _assert_completed(second, "reuse-2")
+    assert "TAG-reuse-1" in str(first["output"])  # each record carries its own output
+    assert "TAG-reuse-2" in str(second["output"]) and "TAG-reuse-1" not in str(second["output"])
+    assert _pid(worker_template, "reuse-1") == _pid(worker_template, "reuse-2"), \
+        c.executor.stats.not_reused
+    assert c.executor.stats.reused_jobs == 1, c.executor.stats.not_reused
+    assert _pid(worker_template, "reuse-2") in c.executor.spare_pids  # idle again, pooled
+    assert c.executor.stats.not_reused == []
+
+
+async def test_max_jobs_one_gives_every_job_a_fresh_worker(
+        make_worker_client: Any, worker_template: Template) -> None:
+    c = await make_worker_client(CREWFENCE_WORKER_MAX_JOBS="1")
+    _assert_completed(await _run(c, "once-1"), "once-1")
+    _assert_completed(await _run(c, "once-2"), "once-2")
+    first = _pid(worker_template, "once-1")
+    assert first != _pid(worker_template, "once-2")
+    assert c.executor.stats.reused_jobs == 0
+    await _until(lambda: not alive(first), "the one-job worker to be reaped")
+
+
+@pytest.mark.parametrize("crew_id", ["leak_thread", "leak_process"])
+async def test_a_job_that_leaves_something_running_is_not_reused(
+        make_worker_client: Any, worker_template: Template, crew_id: str) -> None:
+    c = await make_worker_client()
+    leaky = f"leaky-{crew_id}"
+    _assert_completed(await _run(c, leaky, crew_id=crew_id), leaky)
+    leaker = _pid(worker_template, leaky)
+    await _idle_again(c, leaker)  # its verdict is in: idle, or a reason to exit
+    assert leaker not in c.executor.spare_pids
+    left = "threads left running" if crew_id == "leak_thread" else "processes left"
+    assert len(c.executor.stats.not_reused) == 1
+    assert c.executor.stats.not_reused[0].startswith(left), c.executor.stats.not_reused
+    after = f"after-{crew_id}"
+    _assert_completed(await _run(c, after), after)
+    assert _pid(worker_template, after) != leaker
+    await _until(lambda: not alive(leaker), "the leaking worker to be reaped")
+    if crew_id == "leak_process":
+        children = [int(tag) for kind, pid, tag in worker_template.effect_lines()
+                    if kind == "child" and pid == leaker]
+        assert children and not any(alive(child) for child in children)
+    await _nothing_left(c, worker_template)
+
+
+async def test_a_cancelled_jobs_worker_is_never_reused(
+        make_worker_client: Any, worker_template: Template) -> None:
+    c = await make_worker_client()
+    r = await c.post("/jobs", json=start_body("cancel-me", crew_id="stuck",
+                                              topic="TAG-cancel-me"),
+                     headers=headers("cancel-me", async_=True))
+    assert r.status == 202
+    victim = await _until(lambda: worker_template.pid_of("TAG-cancel-me"), "the job to run")
+    r = await c.post(job_path("cancel-me", "/cancel"),
+                     json={"crew_id": "stuck", "action_id": "cancel-me"}, headers=AUTH)
+    assert r.status in (200, 202)
+    await _until(lambda: c.sidecar.runtime.journal.get("cancel-me").terminal, "the cancel")
+    assert not alive(victim)
+    assert victim not in c.executor.spare_pids
+    _assert_completed(await _run(c, "after-cancel"), "after-cancel")
+    assert _pid(worker_template, "after-cancel") != victim
+
+
+async def test_a_dead_workers_next_job_runs_elsewhere(
+        make_worker_client: Any, worker_template: Template) -> None:
+    c = await make_worker_client()
+    _assert_completed(await _run(c, "before-segv"), "before-segv")
+    reused = _pid(worker_template, "before-segv")
+    await _idle_again(c, reused)
+    record = await _run(c, "segv-reuse", crew_id="segfault", expect=502)
+    assert record["error"]["code"] == "worker_died"
+    assert _pid(worker_template, "segv-reuse") == reused  # the idle worker took it, and died
+    assert not alive(reused)
+    _assert_completed(await _run(c, "after-segv"), "after-segv")
+    assert _pid(worker_template, "after-segv") != reused
+    await _nothing_left(c, worker_template)
