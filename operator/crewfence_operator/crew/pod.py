@@ -79,6 +79,7 @@ def sidecar_env(
         "CREWFENCE_MAX_CONCURRENCY": _first(j.max_concurrency, d.max_concurrency),
         "CREWFENCE_WORKER_MEMORY_MB": spec.worker_limits.memory_mib,
         "CREWFENCE_WORKER_CPU_SECONDS": spec.worker_limits.cpu_seconds,
+        "CREWFENCE_WORKER_MAX_JOBS": spec.worker_limits.max_jobs,
     }
     env.extend(_env(name, str(value)) for name, value in bounds.items() if value is not None)
     ref = spec.llm.api_key_secret_ref

@@ -54,6 +54,8 @@ class WorkerLimits:
 
     memory_mib: int | None = None
     cpu_seconds: int | None = None
+    max_jobs: int | None = None
+    """Jobs one worker may run one after the other (the sidecar's default when None)."""
 
 
 @dataclass(frozen=True)
@@ -170,7 +172,8 @@ def parse_spec(raw: Mapping[str, Any] | None) -> CrewSpec:
         raise SpecError("storage.existingClaim serves one replica only; set replicas to 0 or 1")
     w_raw = raw.get("workerLimits") or {}
     worker_limits = WorkerLimits(memory_mib=_opt_int(w_raw, "memoryMiB"),
-                                 cpu_seconds=_opt_int(w_raw, "cpuSeconds"))
+                                 cpu_seconds=_opt_int(w_raw, "cpuSeconds"),
+                                 max_jobs=_opt_int(w_raw, "maxJobs"))
     return CrewSpec(
         worker_limits=worker_limits,
         replicas=replicas,

@@ -17,10 +17,13 @@ def _env(pod: dict[str, Any]) -> dict[str, Any]:
 def test_worker_limits_become_sidecar_settings() -> None:
     ref = CrewRef(namespace="team-a", name="research", uid="u-1")
     limited = parse_spec({"entrypoint": "m:a",
-                          "workerLimits": {"memoryMiB": 2048, "cpuSeconds": 600}})
+                          "workerLimits": {"memoryMiB": 2048, "cpuSeconds": 600,
+                                           "maxJobs": 1}})
     env = _env(replica_pod(ref, limited, 0, PodSettings()))
     assert env["CREWFENCE_WORKER_MEMORY_MB"] == "2048"
     assert env["CREWFENCE_WORKER_CPU_SECONDS"] == "600"
+    assert env["CREWFENCE_WORKER_MAX_JOBS"] == "1"
     plain = _env(replica_pod(ref, parse_spec({"entrypoint": "m:a"}), 0, PodSettings()))
     assert "CREWFENCE_WORKER_MEMORY_MB" not in plain
     assert "CREWFENCE_WORKER_CPU_SECONDS" not in plain
+    assert "CREWFENCE_WORKER_MAX_JOBS" not in plain
