@@ -19,7 +19,7 @@ import pytest
 from crewfence_sidecar.contract import job_path
 from sidecar_helpers import AUTH, headers, metric_value, start_body
 from worker_crews import STUCK_SECONDS
-from worker_support import Template, alive, children_of
+from worker_support import Template, alive, children_of, until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -32,17 +32,6 @@ async def _admit(c: Any, action_id: str, crew_id: str, topic: str,
     assert r.status == 202, await r.text()
 
 
-async def _until(check: Any, what: str, timeout: float = 60) -> Any:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        assert loop.time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.01)
-
-
 async def _record(c: Any, action_id: str) -> dict[str, Any]:
     r = await c.get(job_path(action_id), headers=AUTH)
     assert r.status == 200
@@ -50,7 +39,7 @@ async def _record(c: Any, action_id: str) -> dict[str, Any]:
 
 
 async def _terminal(c: Any, action_id: str, timeout: float = 60) -> dict[str, Any]:
-    await _until(lambda: c.sidecar.runtime.journal.get(action_id).terminal,
+    await until(lambda: c.sidecar.runtime.journal.get(action_id).terminal,
                  f"{action_id} to end", timeout)
     return await _record(c, action_id)
 
@@ -79,8 +68,8 @@ async def test_cancel_of_a_tight_tool_loop_stops_the_worker(
         make_worker_client: Any, worker_template: Template) -> None:
     c = await make_worker_client()
     await _admit(c, "spin-cancel", "spin", "TAG-spin-cancel")
-    pid = await _until(lambda: worker_template.pid_of("TAG-spin-cancel"), "the model call")
-    await _until(lambda: worker_template.count("tool", pid) >= 3, "the tool loop")
+    pid = await until(lambda: worker_template.pid_of("TAG-spin-cancel"), "the model call")
+    await until(lambda: worker_template.count("tool", pid) >= 3, "the tool loop")
     r = await c.post(job_path("spin-cancel", "/cancel"),
                      json={"crew_id": "spin", "action_id": "spin-cancel", "reason": "enough"},
                      headers=AUTH)
@@ -98,7 +87,7 @@ async def test_cancel_of_a_stuck_model_call_prevents_further_calls(
         make_worker_client: Any, worker_template: Template) -> None:
     c = await make_worker_client()
     await _admit(c, "stuck-cancel", "stuck", "TAG-stuck-cancel")
-    pid = await _until(lambda: worker_template.pid_of("TAG-stuck-cancel"), "the model call")
+    pid = await until(lambda: worker_template.pid_of("TAG-stuck-cancel"), "the model call")
     r = await c.post(job_path("stuck-cancel", "/cancel"),
                      json={"crew_id": "stuck", "action_id": "stuck-cancel"}, headers=AUTH)
     record = await r.json()
@@ -119,7 +108,7 @@ async def test_timeout_stops_the_worker(make_worker_client: Any, worker_template
     # Neither crew ever finishes; the timeout leaves time to reach the stuck spot even on a
     # loaded machine (the test needs the worker's pid from its first model call).
     await _admit(c, f"timeout-{crew_id}", crew_id, tag, timeout_ms=6000)
-    pid = await _until(lambda: worker_template.pid_of(tag), "the model call")
+    pid = await until(lambda: worker_template.pid_of(tag), "the model call")
     record = await _terminal(c, f"timeout-{crew_id}")
     assert record["status"] == "failed" and record["error"]["code"] == "timeout"
     assert not alive(pid)
@@ -134,8 +123,8 @@ async def test_a_worker_killed_from_outside_fails_only_its_own_job(
     c = await make_worker_client()
     await _admit(c, "victim", "stuck", "TAG-victim")
     await _admit(c, "bystander", "stuck", "TAG-bystander")
-    victim = await _until(lambda: worker_template.pid_of("TAG-victim"), "the victim")
-    bystander = await _until(lambda: worker_template.pid_of("TAG-bystander"), "the bystander")
+    victim = await until(lambda: worker_template.pid_of("TAG-victim"), "the victim")
+    bystander = await until(lambda: worker_template.pid_of("TAG-bystander"), "the bystander")
     assert victim != bystander
     os.kill(victim, signal.SIGKILL)
     record = await _terminal(c, "victim")
@@ -208,9 +197,7 @@ async def test_fifty_jobs_with_random_cancels_and_timeouts_leave_nothing_behind(
     def settled() -> bool:
         return not leftovers() and supervisor.live_workers == len(c.executor.spare_pids)
 
-    deadline = asyncio.get_running_loop().time() + 30
-    while not settled() and asyncio.get_running_loop().time() < deadline:
-        await asyncio.sleep(0.01)
+    await until(settled, "the last workers to be reaped", timeout=30)
     assert leftovers() == [], "worker processes or zombies left"
     assert supervisor.live_workers == len(c.executor.spare_pids)
     statuses = {r["status"] for r in records}

@@ -8,26 +8,14 @@ pid of the process that runs it (``worker_crews.effect``).
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
 from crewfence_sidecar.contract import job_path
 from sidecar_helpers import AUTH, headers, start_body
-from worker_support import Template, alive, children_of
+from worker_support import Template, alive, children_of, until
 
 pytestmark = pytest.mark.timeout(180)
-
-
-async def _until(check: Any, what: str, timeout: float = 60) -> Any:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        assert loop.time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.01)
 
 
 async def _run(c: Any, action_id: str, crew_id: str = "tagged",
@@ -55,13 +43,13 @@ async def _nothing_left(c: Any, template: Template) -> None:
         return (all(pid in idle for pid, _ in children_of(supervisor.template_pid))
                 and supervisor.live_workers == len(idle))
 
-    await _until(settled, "only idle workers to remain")
+    await until(settled, "only idle workers to remain")
 
 
 async def _idle_again(c: Any, pid: int) -> None:
     """A result is recorded (and answered) before its worker's reuse checks end: wait until
     the worker is back in the pool, so the next job is offered to it."""
-    await _until(lambda: pid in c.executor.spare_pids or c.executor.stats.not_reused,
+    await until(lambda: pid in c.executor.spare_pids or c.executor.stats.not_reused,
                  f"worker {pid} to be idle again")
 
 
@@ -104,7 +92,7 @@ async def test_max_jobs_one_gives_every_job_a_fresh_worker(
     first = _pid(worker_template, "once-1")
     assert first != _pid(worker_template, "once-2")
     assert c.executor.stats.reused_jobs == 0
-    await _until(lambda: not alive(first), "the one-job worker to be reaped")
+    await until(lambda: not alive(first), "the one-job worker to be reaped")
 
 
 @pytest.mark.parametrize("crew_id", ["leak_thread", "leak_process"])
@@ -122,7 +110,7 @@ async def test_a_job_that_leaves_something_running_is_not_reused(
     after = f"after-{crew_id}"
     _assert_completed(await _run(c, after), after)
     assert _pid(worker_template, after) != leaker
-    await _until(lambda: not alive(leaker), "the leaking worker to be reaped")
+    await until(lambda: not alive(leaker), "the leaking worker to be reaped")
     if crew_id == "leak_process":
         children = [int(tag) for kind, pid, tag in worker_template.effect_lines()
                     if kind == "child" and pid == leaker]
@@ -137,11 +125,11 @@ async def test_a_cancelled_jobs_worker_is_never_reused(
                                               topic="TAG-cancel-me"),
                      headers=headers("cancel-me", async_=True))
     assert r.status == 202
-    victim = await _until(lambda: worker_template.pid_of("TAG-cancel-me"), "the job to run")
+    victim = await until(lambda: worker_template.pid_of("TAG-cancel-me"), "the job to run")
     r = await c.post(job_path("cancel-me", "/cancel"),
                      json={"crew_id": "stuck", "action_id": "cancel-me"}, headers=AUTH)
     assert r.status in (200, 202)
-    await _until(lambda: c.sidecar.runtime.journal.get("cancel-me").terminal, "the cancel")
+    await until(lambda: c.sidecar.runtime.journal.get("cancel-me").terminal, "the cancel")
     assert not alive(victim)
     assert victim not in c.executor.spare_pids
     _assert_completed(await _run(c, "after-cancel"), "after-cancel")

@@ -9,6 +9,7 @@ run in worker processes forked by that template.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
@@ -44,6 +45,19 @@ class Template:
 
     def count(self, kind: str, pid: int) -> int:
         return sum(1 for k, p, _ in self.effect_lines() if k == kind and p == pid)
+
+
+async def until(check: Callable[[], Any], what: str, timeout: float = 60) -> Any:
+    """Await ``check()`` becoming truthy (polled every 10 ms); its value. Fails after
+    ``timeout`` seconds naming ``what``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        assert loop.time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)
 
 
 def children_of(pid: int) -> list[tuple[int, str]]:
