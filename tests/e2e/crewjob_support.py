@@ -308,3 +308,29 @@ def https_get(address: str, path: str, token: str, ctx: ssl.SSLContext,
         raise ConnectionError("the connection closed without an HTTP answer")
     head, _, body = data.partition(b"\r\n\r\n")
     return int(head.split()[1]), body.decode(errors="replace")
+
+
+@contextmanager
+def service_account_with_rules(cluster: Kubectl, prefix: str,
+                               rules: list[dict[str, Any]]) -> Iterator[str]:
+    """A fresh namespace with a ServiceAccount bound cluster-wide to exactly ``rules``;
+    yields ``"<namespace>:<name>"`` (what ``operator_factory(service_account=...)`` takes)
+    and removes the namespace, role and binding afterwards."""
+    suffix = uuid.uuid4().hex[:6]
+    ns, name, role = f"{prefix}-{suffix}", "crewfence-operator", f"{prefix}-{suffix}"
+    cluster.kubectl("create", "namespace", ns, check=True)
+    cluster.kubectl("create", "serviceaccount", name, "-n", ns, check=True)
+    cluster.kubectl("apply", "-f", "-", check=True, input=yaml.safe_dump_all([
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+         "metadata": {"name": role}, "rules": rules},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+         "metadata": {"name": role},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                     "name": role},
+         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ns}]}]))
+    try:
+        yield f"{ns}:{name}"
+    finally:
+        cluster.kubectl("delete", "clusterrolebinding", role, "--wait=false")
+        cluster.kubectl("delete", "clusterrole", role, "--wait=false")
+        cluster.kubectl("delete", "namespace", ns, "--wait=false")

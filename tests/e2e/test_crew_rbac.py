@@ -3,13 +3,13 @@ it reconciles a Crew and serves the webhook, and nothing it does is forbidden.""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 from crewfence_operator import rbac
+from crewjob_support import service_account_with_rules
 from harness.handles import Cluster, Operator, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -18,24 +18,9 @@ EXAMPLE = REPO / "examples" / "crew-research.yaml"
 
 @pytest.fixture
 def operator_account(cluster: Cluster) -> Iterator[str]:
-    suffix = uuid.uuid4().hex[:6]
-    ns, name = f"crewfence-rbac-{suffix}", "crewfence-operator"
-    role = f"crewfence-operator-{suffix}"
-    cluster.kubectl("create", "namespace", ns, check=True)
-    cluster.kubectl("create", "serviceaccount", name, "-n", ns, check=True)
-    cluster.apply(yaml.safe_dump({
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-        "metadata": {"name": role}, "rules": rbac.rules(managed_webhook=True)}))
-    cluster.apply(yaml.safe_dump({
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-        "metadata": {"name": role},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                    "name": role},
-        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ns}]}))
-    yield f"{ns}:{name}"
-    cluster.kubectl("delete", "clusterrolebinding", role, "--wait=false")
-    cluster.kubectl("delete", "clusterrole", role, "--wait=false")
-    cluster.kubectl("delete", "namespace", ns, "--wait=false")
+    with service_account_with_rules(cluster, "crewfence-rbac",
+                                    rbac.rules(managed_webhook=True)) as account:
+        yield account
 
 
 def test_operator_works_with_exactly_its_rbac(

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from crewfence_operator import rbac
 from crewfence_operator.crew import cert_manager as cm
 from crewfence_operator.crew import cert_manager_apply
@@ -32,6 +31,7 @@ from crewjob_support import (
     crewjob_manifest,
     crewjob_namespace,
     research_crew,
+    service_account_with_rules,
     wait_crew_ready,
     wait_for,
     wait_phase,
@@ -82,24 +82,9 @@ def cert_manager(cluster: Cluster) -> Iterator[certmanager.CertManager]:
 def operator_account(cluster: Cluster) -> Iterator[str]:
     """A ServiceAccount with exactly ``rbac.rules(cert_manager=True)`` (what the chart grants
     with ``certManager.enabled``, plus the out-of-cluster webhook rules the harness needs)."""
-    suffix = uuid.uuid4().hex[:6]
-    ns, name, role = f"crewfence-cm-{suffix}", "crewfence-operator", f"crewfence-cm-{suffix}"
-    cluster.kubectl("create", "namespace", ns, check=True)
-    cluster.kubectl("create", "serviceaccount", name, "-n", ns, check=True)
-    cluster.apply(yaml.safe_dump({
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-        "metadata": {"name": role},
-        "rules": rbac.rules(managed_webhook=True, cert_manager=True)}))
-    cluster.apply(yaml.safe_dump({
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-        "metadata": {"name": role},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                    "name": role},
-        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ns}]}))
-    yield f"{ns}:{name}"
-    cluster.kubectl("delete", "clusterrolebinding", role, "--wait=false")
-    cluster.kubectl("delete", "clusterrole", role, "--wait=false")
-    cluster.kubectl("delete", "namespace", ns, "--wait=false")
+    rules = rbac.rules(managed_webhook=True, cert_manager=True)
+    with service_account_with_rules(cluster, "crewfence-cm", rules) as account:
+        yield account
 
 
 @pytest.fixture(scope="module")
