@@ -129,10 +129,12 @@ def test_force_delete_kills_the_process(
 
 TERM_SCRIPT = textwrap.dedent(
     """
-    import pathlib, signal, time
+    import os, pathlib, signal, time
     marker = pathlib.Path("/data/term")
     def on_term(signum, frame):
-        marker.write_text("SIGTERM")  # and keep running: only SIGKILL ends us now
+        # written whole, then renamed: the test reads it the moment it exists
+        marker.with_suffix(".tmp").write_text("SIGTERM")
+        os.replace(marker.with_suffix(".tmp"), marker)  # and keep running: only SIGKILL ends us
     signal.signal(signal.SIGTERM, on_term)
     pathlib.Path("/data/started").write_text("yes")
     while True:
