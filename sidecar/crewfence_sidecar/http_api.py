@@ -210,9 +210,13 @@ async def start_job(request: web.Request) -> web.StreamResponse:
         return _json(200 if record.terminal else 202, record.to_wire(), headers)
     # The blocking route waits with the request's own timeout, separately from the job's.
     rt = _runtime(request)
-    done = await rt.wait_terminal(record.action_id, req.effective_timeout_ms / 1000)
-    current = rt.journal.get(record.action_id) or record
-    return _blocking_answer(current, done=done, headers=headers)
+    with rt.answering(record.action_id):  # written before the job's worker goes on
+        done = await rt.wait_terminal(record.action_id, req.effective_timeout_ms / 1000)
+        current = rt.journal.get(record.action_id) or record
+        answer = _blocking_answer(current, done=done, headers=headers)
+        await answer.prepare(request)
+        await answer.write_eof()
+    return answer
 
 
 def _blocking_answer(record: JobRecord, *, done: bool, headers: dict[str, str]) -> web.Response:

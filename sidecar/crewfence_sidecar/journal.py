@@ -318,7 +318,10 @@ class Journal:
         return total
 
     def state_bytes(self) -> int:
-        return self._file_bytes()
+        try:
+            return self._file_bytes()
+        except sqlite3.Error:  # an in-memory journal that was closed: nothing is kept
+            return 0
 
     def _check_room(self, extra: int) -> None:
         # stat() of two files: constant cost, and exact enough for a bound

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.context_managers import Timer
@@ -67,9 +67,11 @@ class SidecarMetrics:
     def finished(self, operation: str, status: str) -> None:
         self.runs_finished.labels(operation=operation, status=status).inc()
 
-    def set_journal(self, records: int, size: int) -> None:
-        self.journal_records.set(records)
-        self.journal_bytes.set(size)
+    def watch_journal(self, records: Callable[[], int], size: Callable[[], int]) -> None:
+        """Read the journal's record count and file bytes when scraped, not on every write
+        (two ``stat`` calls per admission and completion otherwise sat on the job's path)."""
+        self.journal_records.set_function(records)
+        self.journal_bytes.set_function(size)
 
     def persist_timer(self) -> Timer:
         return self.persist_seconds.time()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Container
+from collections.abc import AsyncIterator, Awaitable, Callable, Container, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -66,6 +66,9 @@ class JobContext:
     on_output: Callable[[Any], None] | None = None
     """Told the operation's output as soon as a worker reports it, before that worker is
     reaped: the runtime records the completion at once (see ``Runtime._record_output``)."""
+    answered: Callable[[], Awaitable[None]] | None = None
+    """Returns once every blocking answer that waits for this job was written (bounded):
+    a worker executor awaits it after ``on_output`` before the worker's after-job work."""
 
 
 class Executor(Protocol):
@@ -133,6 +136,10 @@ class _Watch:
     waiters: list[asyncio.Future[None]] = field(default_factory=list)
 
 
+ANSWER_WAIT_SECONDS = 1.0
+"""How long a job's worker may wait for the blocking answers of its job to be written."""
+
+
 class Runtime:
     def __init__(self, journal: Journal, crews: CrewSet, settings: RuntimeSettings,
                  executor: Executor, metrics: SidecarMetrics) -> None:
@@ -147,8 +154,10 @@ class Runtime:
         self._slots = asyncio.Semaphore(settings.max_concurrency)
         self._train_lock = asyncio.Lock()  # crewai trains relative to the process cwd
         self._watches: dict[str, _Watch] = {}
+        self._answering: dict[str, int] = {}
+        self._answers_written: dict[str, _Watch] = {}
         self._closing = False
-        self.metrics.set_journal(len(journal.records), journal.state_bytes())
+        self.metrics.watch_journal(lambda: len(journal.records), journal.state_bytes)
 
     # --- admission -------------------------------------------------------------------------
     @contextlib.asynccontextmanager
@@ -234,7 +243,6 @@ class Runtime:
                       extra={"action_id": req.action_id, "crew_id": req.crew_id})
             raise JournalUnavailable("the journal could not persist the admission",
                                      full=False) from None
-        self._refresh_journal_metrics()
         return record
 
     def _start(self, record: JobRecord, req: StartRequest) -> None:
@@ -253,7 +261,8 @@ class Runtime:
                          operation=req.operation.value, input=req.input,
                          training_dir=self.settings.training_dir, emit_chunk=emit_chunk,
                          on_stopped=job.record_stop if job is not None else None,
-                         on_output=lambda output: self._record_output(req.action_id, output))
+                         on_output=lambda output: self._record_output(req.action_id, output),
+                         answered=lambda: self.answers_written(req.action_id))
         if req.operation is Operation.TRAIN:
             async with self._train_lock:
                 return await self.executor(ctx)
@@ -382,7 +391,6 @@ class Runtime:
             record.uncertain_outcome = True
             record.updated_at = utc_now()
         self.metrics.finished(record.operation, record.status.value)
-        self._refresh_journal_metrics()
         log.info("finished", extra={"action_id": action_id, "crew_id": record.crew_id,
                                     "status": record.status.value,
                                     "uncertain_outcome": record.uncertain_outcome})
@@ -445,6 +453,48 @@ class Runtime:
                 return False
             await self.wait_change(action_id, remaining)
 
+    @contextlib.contextmanager
+    def answering(self, action_id: str) -> Iterator[None]:
+        """Held by a blocking route from its wait until its answer is written.
+
+        Invariant (a worker's after-job work never competes with the answer): the worker
+        executor awaits :meth:`answers_written` after recording a result and only then lets
+        the worker start its reuse checks and its next crew's build, which on 2 cores
+        otherwise ran beside the answer and delayed it by milliseconds.
+        """
+        self._answering[action_id] = self._answering.get(action_id, 0) + 1
+        try:
+            yield
+        finally:
+            left = self._answering[action_id] - 1
+            if left:
+                self._answering[action_id] = left
+            else:
+                del self._answering[action_id]
+                watch = self._answers_written.pop(action_id, None)
+                for fut in watch.waiters if watch is not None else []:
+                    if not fut.done():
+                        fut.set_result(None)
+
+    async def answers_written(self, action_id: str,
+                              timeout: float = ANSWER_WAIT_SECONDS) -> None:  # noqa: ASYNC109
+        """Return once no blocking route is answering for ``action_id`` (or after
+        ``timeout`` seconds: a slow client does not hold a worker back for long)."""
+        if action_id not in self._answering:
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._answers_written.setdefault(action_id, _Watch()).waiters.append(fut)
+        try:
+            await asyncio.wait_for(fut, timeout)
+        except TimeoutError:
+            pass
+        finally:
+            watch = self._answers_written.get(action_id)
+            if watch is not None and fut in watch.waiters:
+                watch.waiters.remove(fut)
+                if not watch.waiters:
+                    del self._answers_written[action_id]
+
     def events(self, action_id: str, cursor: int, limit: int) -> list[JobEvent]:
         return self.journal.events(action_id, cursor, limit)
 
@@ -464,7 +514,6 @@ class Runtime:
         except PersistError:
             raise JournalUnavailable("the journal could not persist the archive",
                                      full=False) from None
-        self._refresh_journal_metrics()
         log.info("archived", extra={"action_id": action_id, "crew_id": record.crew_id})
         return stone
 
@@ -476,7 +525,6 @@ class Runtime:
         except PersistError:
             raise JournalUnavailable("the journal could not persist the archive",
                                      full=False) from None
-        self._refresh_journal_metrics()
         log.info("archived in bulk", extra={"count": len(stones), "older_than_s": seconds})
         return stones
 
@@ -527,7 +575,6 @@ class Runtime:
         except PersistError:
             raise JournalUnavailable("the journal could not persist the resolution",
                                      full=False) from None
-        self._refresh_journal_metrics()
         log.info("resolved", extra={"action_id": req.action_id, "crew_id": req.crew_id,
                                     "code": req.outcome.value})
         self._notify(req.action_id)
@@ -537,9 +584,6 @@ class Runtime:
     @property
     def active_runs(self) -> int:
         return len(self._jobs)
-
-    def _refresh_journal_metrics(self) -> None:
-        self.metrics.set_journal(len(self.journal.records), self.journal.state_bytes())
 
     async def close(self) -> None:
         """Stop: running jobs end as failed + uncertain (as a restart would record them)."""

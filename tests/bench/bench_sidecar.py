@@ -9,10 +9,12 @@ Prints a table of:
   machine load);
 - exact-repeat latency;
 - a blocking `run` through the sidecar against the same offline crew built and kicked off
-  in-process with `akickoff` (interleaved): each run started once the sidecar's processes and
-  this one are quiet (``await_quiet``: a replacement spare's warm-up finished), which is the
-  bar; then the same back to back, reported without a bar (the spare's warm-up kickoff then
-  shares the machine's 2 cores with the next run; the CPU-per-run figures show that cost);
+  in-process with `akickoff`, over ``--pairs`` fresh pairs (a new sidecar and a new
+  in-process interpreter each, ``--runs`` runs of each side, alternating), every run started
+  once the measured processes are quiet (``await_quiet``: a spare's warm-up finished); the bar
+  is the ratio of the pooled p50s (one interpreter's own speed varies by a fifth between
+  processes, see ``inprocess_runner``), each pair's ratio is printed too; then the first pair
+  back to back, reported without a bar (a spare's warm-up then shares the 2 cores);
 - restore time and RSS of a sidecar whose journal holds 10,000 records of 20 events each;
 - worker start: fork (in the template) to the first instruction of the job in the worker,
   p50/p99 over forks of the real template process;
@@ -223,7 +225,7 @@ async def run_benchmarks(args: argparse.Namespace, base: Path) -> dict[str, Any]
     crews = base / "crews.yaml"
     crews.write_text(CREWS)
     n_adm = 60 if args.quick else 300
-    n_run = 5 if args.quick else 20
+    n_run = 5 if args.quick else args.runs
 
     # 1. raw append + fsync
     state_fs = private_dir(base, "fsync")
@@ -272,43 +274,9 @@ async def run_benchmarks(args: argparse.Namespace, base: Path) -> dict[str, Any]
         small.stop()
         big.stop()
 
-    # 4. blocking run through the sidecar vs in-process akickoff (interleaved)
-    run_dir = private_dir(base, "run")
-    runner = start_sidecar(base, "run", run_dir / "journal.db", crews)
-    os.environ["CREWAI_STORAGE_DIR"] = str(base / "inproc-crewai")
-    from crewfence_sidecar.crews import CrewCatalog
-
-    catalog = CrewCatalog.load(None, crews)
-    try:
-        wait_listening(runner)
-        roots = [runner.proc.pid, os.getpid()]
-        async with aiohttp.ClientSession() as s:
-            # warm both paths once
-            await admit(s, runner.url, "warm", "warm", "warm", async_=False)
-            await catalog.build("research").akickoff(inputs={"topic": "warm"})
-            # single runs, each started on a quiet machine (the bar); then back to back
-            for mode, quiet in (("", True), ("b2b_", False)):
-                side: list[float] = []
-                inproc: list[float] = []
-                for i in range(n_run):
-                    if quiet:
-                        await await_quiet(roots)
-                    dt, status = await admit(s, runner.url, f"run-{mode}{i}", f"topic {i}",
-                                             f"r{mode}{i}", async_=False)
-                    assert status == 200, status
-                    side.append(dt)
-                    if quiet:
-                        await await_quiet(roots)
-                    t = time.perf_counter()
-                    crew = catalog.build("research")
-                    await crew.akickoff(inputs={"topic": f"topic {i}"})
-                    inproc.append(time.perf_counter() - t)
-                results.update({f"run_{mode}sidecar_p50": pct(side, 50),
-                                f"run_{mode}inproc_p50": pct(inproc, 50),
-                                f"run_{mode}sidecar_mean": statistics.fmean(side),
-                                f"run_{mode}inproc_mean": statistics.fmean(inproc)})
-    finally:
-        runner.stop()
+    # 4. blocking run through the sidecar vs in-process akickoff, over fresh process pairs
+    results.update(await bench_run_pairs(base, crews, pairs=2 if args.quick else args.pairs,
+                                         runs=n_run))
 
     # 5. restore time and RSS: 10,000 records x 20 events (100 of them running)
     empty_dir, full_dir = private_dir(base, "empty"), private_dir(base, "full")
@@ -338,6 +306,62 @@ async def run_benchmarks(args: argparse.Namespace, base: Path) -> dict[str, Any]
     # 7. memory with 8 concurrent jobs: workers vs in-process (the pre-worker path)
     results.update(await bench_memory(base, crews))
     return results
+
+
+async def bench_run_pairs(base: Path, crews: Path, *, pairs: int, runs: int
+                          ) -> dict[str, Any]:
+    """The bar's figures: a blocking ``run`` through a fresh sidecar against the same crew
+    ``akickoff``-ed in a fresh interpreter (:mod:`inprocess_runner`), ``pairs`` times.
+
+    Within a pair the two alternate, each run started once every measured process is quiet
+    (``await_quiet``); the ratio is taken between the p50s of all pairs' samples pooled, since
+    one process pair's figure carries those processes' own speed (see inprocess_runner). The
+    first pair then also runs back to back (no bar: a spare's warm-up shares the 2 cores)."""
+    from inprocess_runner import InProcessRunner
+
+    side: list[float] = []
+    inproc: list[float] = []
+    per_pair: list[float] = []
+    b2b_side: list[float] = []
+    b2b_inproc: list[float] = []
+    for k in range(pairs):
+        sidecar = start_sidecar(base, f"run{k}", private_dir(base, f"run{k}") / "journal.db",
+                                crews)
+        runner = await InProcessRunner.start(crews, base / f"inproc{k}-crewai")
+        try:
+            await runner.ready()
+            wait_listening(sidecar)
+            roots = [sidecar.proc.pid, runner.pid, os.getpid()]
+            async with aiohttp.ClientSession() as s:
+                await admit(s, sidecar.url, "warm", "warm", "warm", async_=False)
+                pair_side: list[float] = []
+                pair_inproc: list[float] = []
+                for i in range(runs):
+                    await await_quiet(roots)
+                    dt, status = await admit(s, sidecar.url, f"run-{i}", f"topic {i}",
+                                             f"r{i}", async_=False)
+                    assert status == 200, status
+                    pair_side.append(dt)
+                    await await_quiet(roots)
+                    pair_inproc.append(await runner.run(f"topic {i}"))
+                if k == 0:
+                    for i in range(runs):
+                        dt, status = await admit(s, sidecar.url, f"b2b-{i}", f"topic {i}",
+                                                 f"b{i}", async_=False)
+                        assert status == 200, status
+                        b2b_side.append(dt)
+                        b2b_inproc.append(await runner.run(f"topic {i}"))
+        finally:
+            sidecar.stop()
+            await runner.close()
+        per_pair.append(pct(pair_side, 50) / pct(pair_inproc, 50))
+        side += pair_side
+        inproc += pair_inproc
+    return {"run_pairs": pairs, "run_runs_per_pair": runs, "run_pair_ratios": per_pair,
+            "run_sidecar_p50": pct(side, 50), "run_inproc_p50": pct(inproc, 50),
+            "run_sidecar_mean": statistics.fmean(side),
+            "run_inproc_mean": statistics.fmean(inproc),
+            "run_b2b_sidecar_p50": pct(b2b_side, 50), "run_b2b_inproc_p50": pct(b2b_inproc, 50)}
 
 
 async def bench_worker_start(crews: Path, n: int) -> dict[str, Any]:
@@ -521,7 +545,12 @@ def report(r: dict[str, Any]) -> bool:
         ("blocking run via sidecar", f"p50 {ms(r['run_sidecar_p50'])}",
          f"mean {ms(r['run_sidecar_mean'])}", f"ratio {run_ratio:.2f}x (bar <= 1.2x)"),
         ("same crew in-process akickoff", f"p50 {ms(r['run_inproc_p50'])}",
-         f"mean {ms(r['run_inproc_mean'])}", "each run started on a quiet machine"),
+         f"mean {ms(r['run_inproc_mean'])}",
+         f"{r['run_pairs']} fresh process pairs x {r['run_runs_per_pair']} runs, pooled; "
+         "each run started on a quiet machine"),
+        ("  ratio of each pair (p50 / p50)",
+         " ".join(f"{x:.2f}" for x in r["run_pair_ratios"]), "",
+         f"added by the sidecar: {ms(r['run_sidecar_p50'] - r['run_inproc_p50'])} (p50s)"),
         ("back to back: via sidecar / in-process", f"p50 {ms(r['run_b2b_sidecar_p50'])}",
          f"p50 {ms(r['run_b2b_inproc_p50'])}",
          f"ratio {r['run_b2b_sidecar_p50'] / r['run_b2b_inproc_p50']:.2f}x (no bar: a "
@@ -558,6 +587,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--json", help="also write the figures as JSON here")
     parser.add_argument("--quick", action="store_true", help="fewer samples (smoke run)")
+    parser.add_argument("--pairs", type=int, default=5,
+                        help="fresh sidecar / in-process pairs for the run bar (default 5)")
+    parser.add_argument("--runs", type=int, default=12,
+                        help="runs of each side per pair (default 12)")
     parser.add_argument("--dir", help="state directory to measure (default: a temp dir)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="crewfence-bench-", dir=args.dir) as tmp:

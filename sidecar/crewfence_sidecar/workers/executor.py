@@ -18,6 +18,10 @@ Invariants kept here:
   (its worker reaped or idle again), and at take time only when the pool has run dry, so a
   replacement's fork and warm-up kickoff happen after the job that triggered them, not
   beside it.
+- A worker that may be reused starts its after-job work (reuse checks, the next crew's
+  build) only when told ``recorded``, which is sent after ``on_output`` journaled the
+  outcome and ``JobContext.answered`` returned (the blocking answers of the job were
+  written), so that work does not compete with the fsync and the answer for the 2 cores.
 - Reuse only after a job ended on its own: a worker goes back to the pool only when its job
   sent a result or an error and then the worker itself reported ``idle`` (its checks in
   :mod:`crewfence_sidecar.workers.reuse` passed). A cancelled, timed-out or stopped job's
@@ -207,6 +211,9 @@ class WorkerExecutor:
                 elif outcome["type"] == "unserialisable":
                     ctx.on_output(_NotSerialisable())
             if outcome is not None and may_reuse:
+                if ctx.answered is not None:
+                    await ctx.answered()
+                handle.send({"type": "recorded"})  # the worker's after-job work may start
                 idle_cpu = await self._await_idle(handle)
                 if idle_cpu is not None:
                     self.stats.job_cpu_seconds.append(

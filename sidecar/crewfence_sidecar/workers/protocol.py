@@ -10,9 +10,10 @@ Two kinds of channel:
   sidecar writes the job first; the worker answers ``started``, any number of ``chunk``
   frames, then exactly one ``result`` or ``error``. A channel that ends without either means
   the worker died. After its outcome a worker that may take another job (worker reuse)
-  sends ``idle`` (with its CPU seconds so far) and waits for the next job frame; one that
-  may not sends ``retiring`` (with the reason) and exits. The job frame's ``max_jobs``
-  bounds the jobs per worker.
+  waits for the sidecar's ``recorded`` (the outcome is journaled and answered), then sends
+  ``idle`` (with its CPU seconds so far) and waits for the next job frame; one that may not
+  sends ``retiring`` (with the reason) and exits. The job frame's ``max_jobs`` bounds the
+  jobs per worker.
 """
 
 from __future__ import annotations

@@ -92,6 +92,11 @@ class WorkerHandle:
                 sock=self.channel, limit=2 ** 16)
         self.writer.write(frame(job))
 
+    def send(self, message: dict[str, Any]) -> None:
+        """One more frame to a worker that already has its job (``recorded``)."""
+        assert self.writer is not None
+        self.writer.write(frame(message))
+
     async def next_message(self) -> dict[str, Any] | None:
         """The worker's next frame, None when its channel ended."""
         assert self.reader is not None

@@ -8,6 +8,10 @@ Runs in the child of the template's ``fork``. Invariants kept here:
 - Dies with the template (``PR_SET_PDEATHSIG`` = SIGKILL): no orphan keeps calling a model.
 - Never touches the journal: it only writes frames on its channel; the sidecar persists them.
 - Never returns into the template's loop: every path ends in ``os._exit``.
+- Its after-job work never competes with the recording of its outcome: a worker that may
+  take another job waits, after its outcome frame, for the sidecar's ``recorded`` frame
+  (sent once the outcome is journaled) before its reuse checks and the next crew's build;
+  on 2 cores those ran beside the sidecar's fsync and answer and delayed both.
 - Reused only when nothing of its job can still run: after the outcome frame it checks
   :func:`~crewfence_sidecar.workers.reuse.refusal` (threads, tasks, process group, RSS, job
   count, no CPU limit); only then does it send ``idle`` and read another job. Otherwise it
@@ -81,6 +85,13 @@ async def _execute(catalog: Any, job: dict[str, Any], channel: _Channel,
     return {"type": "result", "output": output}
 
 
+def _await_recorded(sock: socket.socket) -> bool:
+    """Block until the sidecar says it recorded the outcome; False when the channel ended
+    (or carried anything else: the sidecar sends nothing but ``recorded`` here)."""
+    message = read_frame(sock)
+    return message is not None and message.get("type") == "recorded"
+
+
 MAX_PREPARED_CREWS = 4
 
 
@@ -145,8 +156,11 @@ def run(channel_fd: int, close_fds: list[int], catalog: Any, settings: TemplateS
             channel.send_outcome(outcome)
             jobs_done += 1
             code = EXIT_OK
+            max_jobs = int(job.get("max_jobs") or 1)
+            if jobs_done < max_jobs and not _await_recorded(sock):
+                break  # the sidecar closed the channel: nothing more to do
             why_not = refusal(runner.get_loop(), baseline, jobs_done=jobs_done,
-                              max_jobs=int(job.get("max_jobs") or 1),
+                              max_jobs=max_jobs,
                               cpu_limited=settings.cpu_seconds > 0)
             if why_not is not None:
                 channel.send({"type": "retiring", "reason": why_not})

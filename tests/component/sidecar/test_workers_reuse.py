@@ -149,3 +149,90 @@ async def test_a_dead_workers_next_job_runs_elsewhere(
     _assert_completed(await _run(c, "after-segv"), "after-segv")
     assert _pid(worker_template, "after-segv") != reused
     await _nothing_left(c, worker_template)
+
+
+async def test_a_reusable_worker_waits_for_recorded_before_its_after_job_work(
+        worker_template: Template) -> None:
+    """Invariant (after-job work never competes with recording the outcome): a worker that
+    may take another job sends nothing after its outcome (no reuse checks, no ``idle``)
+    until the sidecar says ``recorded``; then it reports ``idle``."""
+    import asyncio
+
+    supervisor = worker_template.supervisor
+    supervisor.attach()
+    handle = supervisor.request_fork()
+    try:
+        await handle.forked
+        await handle.open({"crew_id": "tagged", "action_id": "ack-1", "operation": "run",
+                           "input": {"topic": "TAG-ack-1"}, "max_jobs": 2})
+        kinds = []
+        while not kinds or kinds[-1] not in ("result", "error"):
+            message = await handle.next_message()
+            assert message is not None, f"the channel ended after {kinds}"
+            kinds.append(message["type"])
+        assert kinds[-1] == "result", kinds
+        waiting = asyncio.ensure_future(handle.next_message())
+        done, _ = await asyncio.wait({waiting}, timeout=1.0)
+        assert not done, f"the worker went on without 'recorded': {waiting.result()}"
+        handle.send({"type": "recorded"})
+        idle = await asyncio.wait_for(waiting, 30)
+        assert idle is not None and idle["type"] == "idle", idle
+    finally:
+        handle.close()
+        await until(lambda: handle.exited.done(), "the worker to be reaped")
+        await supervisor.detach()
+
+
+async def test_recorded_is_sent_only_after_the_blocking_answers_were_written(
+        worker_template: Template) -> None:
+    """The executor lets a reused worker start its after-job work only after
+    ``JobContext.answered`` returned (the job's blocking answers were written)."""
+    import asyncio
+
+    from crewfence_sidecar.runtime import JobContext
+    from crewfence_sidecar.workers.executor import WorkerExecutor
+
+    supervisor = worker_template.supervisor
+    supervisor.attach()
+    executor = WorkerExecutor(supervisor, max_live=2, spares=0, max_jobs=3)
+    answer_written = asyncio.Event()
+    outputs: list[Any] = []
+
+    async def no_chunks(data: dict[str, Any]) -> None:
+        return None
+
+    ctx = JobContext(crew_id="tagged", action_id="answered-1", operation="run",
+                     input={"topic": "TAG-answered-1"}, training_dir=None,
+                     emit_chunk=no_chunks, on_output=outputs.append,
+                     answered=answer_written.wait)
+    try:
+        job = asyncio.ensure_future(executor(ctx))
+        await until(lambda: outputs, "the result to be handed over")
+        await asyncio.sleep(0.5)  # a worker told too early would report idle meanwhile
+        assert not job.done() and executor.spare_pids == []
+        answer_written.set()
+        await asyncio.wait_for(job, 30)
+        assert len(executor.spare_pids) == 1  # told `recorded`, it checked and went idle
+    finally:
+        await executor.close()
+        await supervisor.detach()
+
+
+async def test_the_blocking_route_holds_its_job_until_its_answer_is_written(
+        make_worker_client: Any) -> None:
+    """``answers_written`` of a job answered by the blocking route returns only after that
+    answer was written (so the reused worker's after-job work waits for it)."""
+    import asyncio
+
+    c = await make_worker_client()
+    runtime = c.sidecar.runtime
+    post = asyncio.ensure_future(c.post("/jobs", json=start_body("held", topic="[[sleep:1]] x"),
+                                        headers=headers("held")))
+    await until(lambda: runtime.journal.get("held") is not None, "the admission")
+    pending = asyncio.ensure_future(runtime.answers_written("held", timeout=30))
+    done, _ = await asyncio.wait({pending}, timeout=0.3)
+    assert not done, "answers_written returned while the blocking answer was pending"
+    response = await post
+    assert response.status == 200, await response.text()
+    await asyncio.wait_for(pending, 5)
+    await asyncio.wait_for(runtime.answers_written("held", timeout=30), 1)  # nothing held

@@ -185,3 +185,34 @@ async def test_close_marks_running_jobs_failed_and_uncertain(runtime: Runtime) -
     await runtime.close()
     rec = runtime.journal.get("a")
     assert rec is not None and rec.status is Status.FAILED and rec.uncertain_outcome
+
+
+async def test_answers_written_waits_for_every_blocking_answer_of_the_action(
+        runtime: Runtime) -> None:
+    """Invariant (a worker's after-job work never competes with the answer): answers_written
+    returns only once every ``answering`` holder of the action has let go; at once when
+    nobody is answering; other actions do not hold it."""
+    await asyncio.wait_for(runtime.answers_written("a"), 1)  # nobody answering: at once
+    with runtime.answering("a"), runtime.answering("b"):
+        with runtime.answering("a"):
+            waiter = asyncio.ensure_future(runtime.answers_written("a", timeout=30))
+            await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert not waiter.done()  # one blocking answer of "a" is still being written
+    await asyncio.wait_for(waiter, 1)
+
+
+async def test_answers_written_is_bounded(runtime: Runtime) -> None:
+    with runtime.answering("slow"):
+        await asyncio.wait_for(runtime.answers_written("slow", timeout=0.05), 5)
+
+
+async def test_journal_gauges_are_read_when_scraped(runtime: Runtime) -> None:
+    text = runtime.metrics.render().decode()
+    assert "crewfence_sidecar_journal_records 0.0" in text
+    await runtime.admit(_req("gauge"), "k-gauge")
+    text = runtime.metrics.render().decode()
+    assert "crewfence_sidecar_journal_records 1.0" in text
+    size = [line for line in text.splitlines()
+            if line.startswith("crewfence_sidecar_journal_bytes ")]
+    assert size and float(size[0].split()[1]) > 0
