@@ -309,9 +309,11 @@ class Runtime:
                           **job.stop_fields()},
                          uncertain=job.thread_backed)
         except WorkerDied as died:
-            # Invariant (containment): a dead worker fails only its own job, uncertain (it may
-            # have had effects before it died); its group was killed and reaped first.
-            self._finish(action_id, Status.FAILED, None, died.error_fields(), uncertain=True)
+            # Invariant (containment): a dead worker fails only its own job, uncertain when
+            # the job had started (it may have had effects before it died); its group was
+            # killed and reaped first. One that ended before the job started ran nothing.
+            self._finish(action_id, Status.FAILED, None, died.error_fields(),
+                         uncertain=died.job_started)
             log.warning("job worker died: %s", died.exit.describe(),
                         extra={"action_id": action_id, "crew_id": record.crew_id})
         except Exception as exc:

@@ -397,7 +397,9 @@ async def bench_worker_start(crews: Path, n: int) -> dict[str, Any]:
 
 async def bench_cpu_per_run(crews: Path, n: int) -> dict[str, Any]:
     """Median CPU seconds of one offline ``run``: in this process (``time.process_time``
-    around ``akickoff``) and in workers (user + system time from the template's ``wait4``)."""
+    around ``akickoff``) and in workers: without spares (the first job forks its worker,
+    later ones reuse it) and with one warm spare (its warm-up kickoff counted in its first
+    job); a worker's figure is its CPU time from one job's end to the next."""
     from crewfence_sidecar.crews import CrewCatalog
     from crewfence_sidecar.runtime import JobContext
     from crewfence_sidecar.workers.executor import WorkerExecutor
@@ -563,7 +565,7 @@ def report(r: dict[str, Any]) -> bool:
          f"{r['journal_bytes_10k'] / 1024 / 1024:.1f} MiB"),
         ("worker start (fork -> first instruction)", f"p50 {ms(r['worker_start_p50'])}",
          f"p99 {ms(r['worker_start_p99'])}", f"{r['worker_start_n']} forks"),
-        ("CPU per run: in-process / worker (forked at admission)",
+        ("CPU per run: in-process / worker (no spares, reused)",
          f"{ms(r['cpu_inproc'])}", f"{ms(r['cpu_worker_cold'])}",
          f"warm spare incl. its warm-up {ms(r['cpu_worker_spare'])}"),
         ("8 jobs in workers: sidecar / template RSS", f"{r['mem_sidecar_rss_kib'] / 1024:.1f} MiB",

@@ -22,6 +22,10 @@ Invariants kept here:
   build) only when told ``recorded``, which is sent after ``on_output`` journaled the
   outcome and ``JobContext.answered`` returned (the blocking answers of the job were
   written), so that work does not compete with the fsync and the answer for the 2 cores.
+- A job whose worker ended before its ``started`` frame ran nothing (a worker sends it
+  before anything of the job runs): it is offered to another worker (at most
+  ``MAX_ATTEMPTS`` in all), and when none starts it, it fails as certain (``job_started:
+  false``), never as an uncertain outcome.
 - Reuse only after a job ended on its own: a worker goes back to the pool only when its job
   sent a result or an error and then the worker itself reported ``idle`` (its checks in
   :mod:`crewfence_sidecar.workers.reuse` passed). A cancelled, timed-out or stopped job's
@@ -55,6 +59,16 @@ log = logging.getLogger("crewfence.sidecar.workers")
 DEFAULT_STOP_GRACE_SECONDS = 2.0
 DEFAULT_SPARES = 2
 DEFAULT_MAX_JOBS = BOUNDS["worker_max_jobs"].default
+
+
+MAX_ATTEMPTS = 3
+"""Workers a job may be offered to when each ended before the job started."""
+
+
+@dataclass
+class _Progress:
+    started: bool = False
+    """The worker's ``started`` frame arrived: from then on the job may have had effects."""
 
 
 class _NotSerialisable:
@@ -186,7 +200,22 @@ class WorkerExecutor:
         return True
 
     async def __call__(self, ctx: JobContext) -> Any:
+        """Run the job in a worker; on another one when a worker ended before the job
+        started (an idle or spare worker that died in the pool: nothing of the job ran, so
+        running it elsewhere keeps it at most once), up to :data:`MAX_ATTEMPTS` workers."""
+        for attempt in range(1, MAX_ATTEMPTS + 1):
+            try:
+                return await self._attempt(ctx)
+            except WorkerDied as died:
+                if died.job_started or attempt == MAX_ATTEMPTS or not self.supervisor.available:
+                    raise
+                log.warning("a worker %s before its job started; the job goes to another "
+                            "worker", died.exit.describe(), extra={"action_id": ctx.action_id})
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _attempt(self, ctx: JobContext) -> Any:
         handle = self._take_worker()
+        progress = _Progress()
         if not self._spares:
             self._refill()  # run dry: a burst must not find the pool empty twice
         idle = False
@@ -197,14 +226,14 @@ class WorkerExecutor:
             except OSError as exc:  # no worker could be forked: nothing ran
                 lost = ExitStatus(detail=f"no worker process: {exc}")
                 raise WorkerDied(lost, StopReport(stopped_at=utc_now(), exit=lost,
-                                                  escalated=False)) from None
+                                                  escalated=None), job_started=False) from None
             if handle.jobs_done:
                 self.stats.reused_jobs += 1
             may_reuse = self.max_live is not None and handle.jobs_done + 1 < self.max_jobs
             await handle.open({"crew_id": ctx.crew_id, "action_id": ctx.action_id,
                                "operation": ctx.operation, "input": ctx.input,
                                "max_jobs": self.max_jobs if self.max_live is not None else 1})
-            outcome = await self._follow(handle, ctx)
+            outcome = await self._follow(handle, ctx, progress)
             if outcome is not None and ctx.on_output is not None:
                 if outcome["type"] == "result":
                     ctx.on_output(outcome.get("output"))
@@ -240,7 +269,7 @@ class WorkerExecutor:
             self._refill()
         if exit_status is None:  # idle again: the job ended with its outcome
             exit_status = ExitStatus(exit_code=0)
-        return self._conclude(outcome, exit_status)
+        return self._conclude(outcome, exit_status, progress)
 
     async def _await_idle(self, handle: WorkerHandle) -> float | None:
         """After the outcome: the worker's CPU seconds when it reported ``idle`` (it may take
@@ -259,7 +288,8 @@ class WorkerExecutor:
                 self.stats.not_reused.append(reason)
                 log.debug("worker %s is not reused: %s", handle.pid, reason)
 
-    async def _follow(self, handle: WorkerHandle, ctx: JobContext) -> dict[str, Any] | None:
+    async def _follow(self, handle: WorkerHandle, ctx: JobContext,
+                      progress: _Progress) -> dict[str, Any] | None:
         """Chunks to the runtime until the result; None when the channel ended without one."""
         while True:
             message = await handle.next_message()
@@ -271,16 +301,19 @@ class WorkerExecutor:
             elif kind == "llm_call":
                 count_offline_llm_call()
             elif kind == "started":
+                progress.started = True
                 if handle.fork_ns and not handle.spare:  # a spare's start includes waiting
                     self.stats.start_ns.append(int(message["started_ns"]) - handle.fork_ns)
             elif kind in ("result", "error", "unserialisable"):
                 return message
 
     @staticmethod
-    def _conclude(outcome: dict[str, Any] | None, exit_status: ExitStatus) -> Any:
+    def _conclude(outcome: dict[str, Any] | None, exit_status: ExitStatus,
+                  progress: _Progress) -> Any:
         if outcome is None:
             raise WorkerDied(exit_status, StopReport(stopped_at=utc_now(), exit=exit_status,
-                                                     escalated=False))
+                                                     escalated=None),
+                             job_started=progress.started)
         kind = outcome["type"]
         if kind == "result":
             return outcome.get("output")

@@ -20,25 +20,34 @@ class StopReport:
     stopped_at: str
     """UTC ISO-8601 time at which the reap was reported."""
     exit: ExitStatus
-    escalated: bool
-    """True when SIGTERM did not end the worker within the grace and SIGKILL did."""
+    escalated: bool | None
+    """True when SIGTERM did not end the worker within the grace and SIGKILL did; None when
+    the sidecar sent no signal (the worker ended on its own: ``stopped_by`` is not said)."""
 
     def to_error_fields(self) -> dict[str, Any]:
-        return {"work_stopped": True, "stopped_at": self.stopped_at,
-                "stopped_by": "SIGKILL" if self.escalated else "SIGTERM"}
+        fields: dict[str, Any] = {"work_stopped": True, "stopped_at": self.stopped_at}
+        if self.escalated is not None:
+            fields["stopped_by"] = "SIGKILL" if self.escalated else "SIGTERM"
+        return fields
 
 
 class WorkerDied(Exception):
-    """The worker ended without a result (signal, ``os._exit``, memory limit, lost template)."""
+    """The worker ended without a result (signal, ``os._exit``, memory limit, lost template).
 
-    def __init__(self, exit: ExitStatus, stop: StopReport) -> None:
-        super().__init__(f"the job's worker process {exit.describe()}")
+    ``job_started`` is False when the channel ended before the worker's ``started`` frame:
+    a worker sends it before it runs anything of the job, so then nothing of it ran.
+    """
+
+    def __init__(self, exit: ExitStatus, stop: StopReport, *, job_started: bool = True) -> None:
+        when = "" if job_started else " before the job started (nothing of it ran)"
+        super().__init__(f"the job's worker process {exit.describe()}{when}")
         self.exit = exit
         self.stop = stop
+        self.job_started = job_started
 
     def error_fields(self) -> dict[str, Any]:
         return {"code": WORKER_DIED_CODE, "message": str(self), **self.exit.to_wire(),
-                **self.stop.to_error_fields()}
+                **self.stop.to_error_fields(), "job_started": self.job_started}
 
 
 class RemoteExecutionError(Exception):

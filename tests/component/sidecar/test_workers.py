@@ -132,6 +132,7 @@ async def test_a_worker_killed_from_outside_fails_only_its_own_job(
     assert record["error"]["code"] == "worker_died"
     assert record["error"]["signal"] == "SIGKILL"
     assert record["error"]["work_stopped"] is True
+    assert "stopped_by" not in record["error"]  # the sidecar signalled nothing: it died
     assert (await _terminal(c, "bystander"))["status"] == "completed"
     r = await c.post("/jobs", json=start_body("after-kill"), headers=headers("after-kill"))
     assert r.status == 200, await r.text()

@@ -236,3 +236,26 @@ async def test_the_blocking_route_holds_its_job_until_its_answer_is_written(
     assert response.status == 200, await response.text()
     await asyncio.wait_for(pending, 5)
     await asyncio.wait_for(runtime.answers_written("held", timeout=30), 1)  # nothing held
+
+
+async def test_a_job_whose_worker_died_before_it_started_runs_on_another_worker(
+        make_worker_client: Any, worker_template: Template) -> None:
+    """Invariant (no uncertain verdict for work that never started): a pooled worker that
+    dies after it was given a job but before its ``started`` frame ran nothing of it; the job
+    goes to another worker and completes, certain."""
+    import asyncio
+    import os
+    import signal
+
+    c = await make_worker_client(CREWFENCE_WORKER_SPARES="1")
+    [victim] = await until(lambda: c.executor.spare_pids, "a spare worker")
+    os.kill(victim, signal.SIGSTOP)  # alive, so the pool gives it the job; it cannot read it
+    try:
+        post = asyncio.ensure_future(_run(c, "handed-on"))
+        await until(lambda: victim not in c.executor.spare_pids, "the job to reach the spare")
+    finally:
+        os.kill(victim, signal.SIGKILL)
+    record = await post
+    _assert_completed(record, "handed-on")
+    assert _pid(worker_template, "handed-on") != victim
+    await until(lambda: not alive(victim), "the killed spare to be reaped")

@@ -216,3 +216,25 @@ async def test_journal_gauges_are_read_when_scraped(runtime: Runtime) -> None:
     size = [line for line in text.splitlines()
             if line.startswith("crewfence_sidecar_journal_bytes ")]
     assert size and float(size[0].split()[1]) > 0
+
+
+@pytest.mark.parametrize("started", [True, False])
+async def test_a_dead_worker_is_uncertain_only_when_its_job_had_started(
+        journal: Journal, started: bool) -> None:
+    from crewfence_sidecar.workers.outcomes import StopReport, WorkerDied
+    from crewfence_sidecar.workers.protocol import ExitStatus
+
+    async def dies(ctx: JobContext) -> Any:
+        gone = ExitStatus(signal=9)
+        raise WorkerDied(gone, StopReport(stopped_at="2026-12-01T00:00:00.000Z", exit=gone,
+                                          escalated=False), job_started=started)
+
+    rt = Runtime(journal, Crews(), RuntimeSettings(allowed_operations=frozenset({Operation.RUN})),
+                 dies, SidecarMetrics())
+    await rt.admit(_req("died"), "k-died")
+    assert await rt.wait_terminal("died", 5)
+    record = journal.get("died")
+    assert record is not None and record.status is Status.FAILED
+    assert record.uncertain_outcome is started
+    assert record.error is not None and record.error["job_started"] is started
+    assert record.error["code"] == "worker_died"
