@@ -157,8 +157,8 @@ def report(r: dict[str, Any]) -> bool:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=8, help="runs of each path per set")
-    parser.add_argument("--pairs", type=int, default=4,
-                        help="fresh sets of processes (plain, mTLS, in-process); default 4")
+    parser.add_argument("--pairs", type=int, default=6,
+                        help="fresh sets of processes (plain, mTLS, in-process); default 6")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="crewfence-bench-tls-") as tmp:
