@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from importlib import resources
@@ -86,6 +87,23 @@ def _error(status: int, code: str, message: str, **extra: Any) -> web.Response:
 
 
 # --- middlewares ---------------------------------------------------------------------------
+def connections_middleware(
+    count: Callable[[], None],
+) -> Callable[..., Awaitable[web.StreamResponse]]:
+    """Counts each client connection once, at its first request (``connections_total``)."""
+    seen: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        transport = request.transport
+        if transport is not None and transport not in seen:
+            seen.add(transport)
+            count()
+        return await handler(request)
+
+    return middleware
+
+
 @web.middleware
 async def errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     metrics = request.app[RUNTIME_KEY].metrics
@@ -470,7 +488,8 @@ def _certificate_middlewares(runtime: Runtime, settings: ApiSettings) -> list[An
 def build_app(runtime: Runtime, settings: ApiSettings) -> web.Application:
     app = web.Application(
         client_max_size=MAX_BODY_BYTES,
-        middlewares=[errors_middleware, *_certificate_middlewares(runtime, settings),
+        middlewares=[connections_middleware(runtime.metrics.connections.inc), errors_middleware,
+                     *_certificate_middlewares(runtime, settings),
                      auth_middleware(settings.token, settings.tokens)],
     )
     app[RUNTIME_KEY] = runtime

@@ -45,6 +45,11 @@ class SidecarMetrics:
             "crewfence_sidecar_persist_seconds", "Durable journal transaction latency",
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
             registry=r)
+        self.connections = Counter(
+            "crewfence_sidecar_connections",
+            "Client connections that sent a request (over TLS each began with a full "
+            "handshake; a client that keeps its connections alive adds one per connection)",
+            registry=r)
         self.active_runs = Gauge("crewfence_sidecar_active_runs", "Jobs executing now",
                                  registry=r)
         self.runs_finished = Counter("crewfence_sidecar_runs_finished",

@@ -102,3 +102,33 @@ def test_replica_secret_holds_no_key_in_its_repr(crew_ca: crew_tls.certs.Issued,
                                                  tmp_path: Path) -> None:
     leaf = crew_tls.issue_serving(crew_ca, crew_tls.replica_hosts(CREW, 0, None))
     assert "PRIVATE" not in repr(leaf) and "PRIVATE" not in repr(crew_ca)
+
+
+async def test_the_operators_session_keeps_one_connection_per_replica(
+        replica: SidecarProcess, crew_ca: crew_tls.certs.Issued) -> None:
+    """The mutual-TLS bar is taken on a kept-alive connection because this is what the
+    operator does: one pooled session, one SSL context per Crew, so calls to a replica
+    share one connection and pay the handshake once (the sidecar counts connections)."""
+    from crewfence_operator.handlers.crewjob import Runtime
+    from sidecar_helpers import metric_value
+
+    operator = Runtime()
+    tls = crew_tls.CrewClientTLS.for_ca(crew_ca)
+    session = operator.session()
+    try:
+        async with session.get(f"https://127.0.0.1:{replica.port}/metrics", ssl=tls.context,
+                               server_hostname=crew_tls.replica_dns_name(CREW, 0)) as r:
+            before = metric_value(await r.text(), "crewfence_sidecar_connections_total")
+        client = _client(session, replica, tls, crew_tls.replica_dns_name(CREW, 0))
+        for i in range(5):
+            request = StartRequest(crew_id="research", action_id=f"team-a/pooled-{i}",
+                                   operation=Operation.RUN, input={"topic": "bees"},
+                                   timeout_ms=60_000)
+            assert (await client.start(request, f"pooled-{i}")).http_status == 202
+            assert (await client.get_job(f"team-a/pooled-{i}")).record is not None
+        async with session.get(f"https://127.0.0.1:{replica.port}/metrics", ssl=tls.context,
+                               server_hostname=crew_tls.replica_dns_name(CREW, 0)) as r:
+            after = metric_value(await r.text(), "crewfence_sidecar_connections_total")
+    finally:
+        await operator.close()
+    assert after - before == 0, f"{after - before} new connections for 10 calls"
