@@ -136,6 +136,30 @@ class _Watch:
     waiters: list[asyncio.Future[None]] = field(default_factory=list)
 
 
+def _wake(watches: dict[str, _Watch], action_id: str) -> None:
+    watch = watches.pop(action_id, None)
+    for fut in watch.waiters if watch is not None else []:
+        if not fut.done():
+            fut.set_result(None)
+
+
+async def _until_woken(watches: dict[str, _Watch], action_id: str,
+                       timeout: float | None) -> None:  # noqa: ASYNC109
+    """Wait for ``_wake(watches, action_id)`` or the timeout, whichever comes first."""
+    fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    watches.setdefault(action_id, _Watch()).waiters.append(fut)
+    try:
+        await asyncio.wait_for(fut, timeout)
+    except TimeoutError:
+        pass
+    finally:
+        watch = watches.get(action_id)
+        if watch is not None and fut in watch.waiters:
+            watch.waiters.remove(fut)
+            if not watch.waiters:
+                del watches[action_id]
+
+
 ANSWER_WAIT_SECONDS = 1.0
 """How long a job's worker may wait for the blocking answers of its job to be written."""
 
@@ -420,27 +444,11 @@ class Runtime:
 
     # --- observation -----------------------------------------------------------------------
     def _notify(self, action_id: str) -> None:
-        watch = self._watches.pop(action_id, None)
-        if watch is None:
-            return
-        for fut in watch.waiters:
-            if not fut.done():
-                fut.set_result(None)
+        _wake(self._watches, action_id)
 
     async def wait_change(self, action_id: str, timeout: float | None = None) -> None:  # noqa: ASYNC109
         """Wait until the action gets a new event (or the timeout passes)."""
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._watches.setdefault(action_id, _Watch()).waiters.append(fut)
-        try:
-            await asyncio.wait_for(fut, timeout)
-        except TimeoutError:
-            pass
-        finally:
-            watch = self._watches.get(action_id)
-            if watch is not None and fut in watch.waiters:
-                watch.waiters.remove(fut)
-                if not watch.waiters:
-                    del self._watches[action_id]
+        await _until_woken(self._watches, action_id, timeout)
 
     async def wait_terminal(self, action_id: str, timeout: float) -> bool:  # noqa: ASYNC109
         """True when the record is terminal within ``timeout`` seconds."""
@@ -473,29 +481,14 @@ class Runtime:
                 self._answering[action_id] = left
             else:
                 del self._answering[action_id]
-                watch = self._answers_written.pop(action_id, None)
-                for fut in watch.waiters if watch is not None else []:
-                    if not fut.done():
-                        fut.set_result(None)
+                _wake(self._answers_written, action_id)
 
     async def answers_written(self, action_id: str,
                               timeout: float = ANSWER_WAIT_SECONDS) -> None:  # noqa: ASYNC109
         """Return once no blocking route is answering for ``action_id`` (or after
         ``timeout`` seconds: a slow client does not hold a worker back for long)."""
-        if action_id not in self._answering:
-            return
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._answers_written.setdefault(action_id, _Watch()).waiters.append(fut)
-        try:
-            await asyncio.wait_for(fut, timeout)
-        except TimeoutError:
-            pass
-        finally:
-            watch = self._answers_written.get(action_id)
-            if watch is not None and fut in watch.waiters:
-                watch.waiters.remove(fut)
-                if not watch.waiters:
-                    del self._answers_written[action_id]
+        if action_id in self._answering:
+            await _until_woken(self._answers_written, action_id, timeout)
 
     def events(self, action_id: str, cursor: int, limit: int) -> list[JobEvent]:
         return self.journal.events(action_id, cursor, limit)
