@@ -13,7 +13,10 @@ when, after its job,
   handler pool), and every pool thread is idle (waiting for work, none queued);
 - crewai's event handlers have all completed (``flush``);
 - no asyncio task is pending on its event loop;
-- no process but itself is in its process group (a tool's child, even a zombie, refuses);
+- no process of the job is left: as the subreaper of its descendants (``become_subreaper``)
+  it has no child at all, a daemon a tool started with ``setsid`` and a double fork
+  included (any child, even a zombie, refuses); where it is not a subreaper, no process but
+  itself is in its process group;
 - its resident set is below :data:`MAX_REUSE_RSS_BYTES`;
 - it has run fewer than ``max_jobs`` jobs;
 - no CPU-time limit is set: ``RLIMIT_CPU`` counts the whole life of a process, so a reused
@@ -136,6 +139,19 @@ def group_members(pgid: int, exclude: int) -> list[int] | None:
     return members
 
 
+def live_children() -> list[int] | None:
+    """Pids of this process's children (zombies included), from
+    ``/proc/self/task/*/children``; None when the kernel does not offer those files."""
+    children: list[int] = []
+    try:
+        for task in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{task}/children", "rb") as f:
+                children += [int(pid) for pid in f.read().split()]
+    except FileNotFoundError:
+        return None
+    return children
+
+
 def resident_bytes() -> int | None:
     try:
         pages = int(Path("/proc/self/statm").read_text().split()[1])
@@ -145,7 +161,7 @@ def resident_bytes() -> int | None:
 
 
 def refusal(loop: asyncio.AbstractEventLoop, baseline: JobBaseline, *, jobs_done: int,
-            max_jobs: int, cpu_limited: bool) -> str | None:
+            max_jobs: int, cpu_limited: bool, subreaper: bool = False) -> str | None:
     """Why this worker must exit after its job; None when it may take another."""
     if jobs_done >= max_jobs:
         return f"ran {jobs_done} of at most {max_jobs} jobs"
@@ -161,12 +177,13 @@ def refusal(loop: asyncio.AbstractEventLoop, baseline: JobBaseline, *, jobs_done
     reason = _threads_settled(loop, baseline)
     if reason is not None:
         return reason
-    pid = os.getpid()
-    members = group_members(os.getpgrp(), exclude=pid)
-    if members is None:
+    left = live_children() if subreaper else None
+    if left is None:
+        left = group_members(os.getpgrp(), exclude=os.getpid())
+    if left is None:
         return "cannot list the process group"
-    if members:
-        return f"processes left in the group: {members}"
+    if left:
+        return f"processes left: {left}"
     rss = resident_bytes()
     if rss is None or rss >= MAX_REUSE_RSS_BYTES:
         return "resident set unknown or over the bound"

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from crewfence_sidecar.config import SidecarConfig
 
 PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,20 @@ def die_with_parent(sig: int, expected_parent: int) -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
     if os.getppid() != expected_parent:
         os.kill(os.getpid(), sig)
+
+
+def become_subreaper() -> bool:
+    """Make this process the reaper of its orphaned descendants (PR_SET_CHILD_SUBREAPER).
+
+    Invariant (every descendant stays visible): a process a job's tool started, even one that
+    left the process group (``setsid``) and whose parent exited (a double fork), is then
+    re-parented to the worker instead of to init, so it appears among the worker's children.
+    False where Linux does not offer it (the reuse check then scans the process group).
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    return bool(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
 
 
 def apply_limits(settings: TemplateSettings) -> None:

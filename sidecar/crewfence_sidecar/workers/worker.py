@@ -38,6 +38,7 @@ from crewfence_sidecar.workers.reuse import JobBaseline, refusal
 from crewfence_sidecar.workers.settings import (
     TemplateSettings,
     apply_limits,
+    become_subreaper,
     die_with_parent,
     reset_signals,
 )
@@ -116,6 +117,7 @@ def run(channel_fd: int, close_fds: list[int], catalog: Any, settings: TemplateS
     try:
         os.setpgid(0, 0)
         die_with_parent(signal.SIGKILL, template_pid)
+        subreaper = become_subreaper()
         reset_signals()
         for fd in close_fds:
             os.close(fd)
@@ -160,8 +162,8 @@ def run(channel_fd: int, close_fds: list[int], catalog: Any, settings: TemplateS
             if jobs_done < max_jobs and not _await_recorded(sock):
                 break  # the sidecar closed the channel: nothing more to do
             why_not = refusal(runner.get_loop(), baseline, jobs_done=jobs_done,
-                              max_jobs=max_jobs,
-                              cpu_limited=settings.cpu_seconds > 0)
+                              max_jobs=max_jobs, cpu_limited=settings.cpu_seconds > 0,
+                              subreaper=subreaper)
             if why_not is not None:
                 channel.send({"type": "retiring", "reason": why_not})
                 break

@@ -259,3 +259,31 @@ async def test_a_job_whose_worker_died_before_it_started_runs_on_another_worker(
     _assert_completed(record, "handed-on")
     assert _pid(worker_template, "handed-on") != victim
     await until(lambda: not alive(victim), "the killed spare to be reaped")
+
+
+async def test_a_daemon_that_left_the_process_group_still_refuses_reuse(
+        make_worker_client: Any, worker_template: Template) -> None:
+    """Invariant (nothing of an earlier job runs beside the next): a tool's daemon that left
+    the worker's process group (``setsid``) and lost its parent (double fork) is re-parented
+    to the worker (subreaper), so the worker is not reused while it runs."""
+    import os
+    import signal
+
+    c = await make_worker_client()
+    _assert_completed(await _run(c, "daemon-1", crew_id="leak_daemon"), "daemon-1")
+    leaker = _pid(worker_template, "daemon-1")
+    daemons = [int(tag) for kind, pid, tag in worker_template.effect_lines()
+               if kind == "daemon" and pid == leaker]
+    try:
+        assert daemons and all(alive(d) for d in daemons)
+        assert all(os.getpgid(d) != leaker for d in daemons)  # outside the worker's group
+        await _idle_again(c, leaker)
+        assert leaker not in c.executor.spare_pids
+        assert [r for r in c.executor.stats.not_reused if r.startswith("processes left")], \
+            c.executor.stats.not_reused
+    finally:
+        for daemon in daemons:
+            try:
+                os.kill(daemon, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

@@ -14,6 +14,9 @@ O_APPEND by whatever process runs the job, so a test in another process can coun
   ends normally (its worker must not be reused).
 - ``leak_process``: a tool starts ``sleep 3600`` in the worker's process group, then the job
   ends normally (its worker must not be reused; the child dies with the group).
+- ``leak_daemon``: a tool starts ``sleep 3600`` with ``setsid`` and a double fork (outside
+  the worker's process group, its parent gone), then the job ends normally (its worker must
+  not be reused; the daemon escapes the group's kill: the test kills it).
 """
 
 from __future__ import annotations
@@ -142,6 +145,20 @@ class LeakProcessTool(BaseTool):
         return "left a process running"
 
 
+class LeakDaemonTool(BaseTool):
+    name: str = "leak"
+    description: str = "Leaves a daemon running outside its process group."
+
+    def _run(self, **kwargs: Any) -> str:
+        # setsid + double fork: the daemon leaves the worker's process group and its parent
+        # (the shell) exits at once, so only a subreaper still sees it as a descendant
+        shell = subprocess.run(["sh", "-c", "sleep 3600 >/dev/null 2>&1 & echo $!"],
+                               start_new_session=True, capture_output=True, text=True,
+                               check=True)
+        effect("daemon", shell.stdout.strip())
+        return "left a daemon running"
+
+
 class UseToolOnceLLM(BaseLLM):
     """Asks for the ``leak`` tool once, then gives its final answer."""
 
@@ -178,4 +195,5 @@ CREWS = {
     "tagged": lambda: _crew(TaggedLLM()),
     "leak_thread": lambda: _crew(UseToolOnceLLM(), tools=[LeakThreadTool()]),
     "leak_process": lambda: _crew(UseToolOnceLLM(), tools=[LeakProcessTool()]),
+    "leak_daemon": lambda: _crew(UseToolOnceLLM(), tools=[LeakDaemonTool()]),
 }
