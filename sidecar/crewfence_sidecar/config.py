@@ -61,6 +61,9 @@ BOUNDS: Final[dict[str, Bound]] = {
                              1_000_000, "jobs one worker may run in turn (reused only when "
                              "its job ended on its own and left nothing running; never with "
                              "a CPU limit); 1 = a fresh worker per job"),
+    "worker_max_rss_mb": Bound("CREWFENCE_WORKER_MAX_RSS_MB", "--worker-max-rss-mb", 1024, 1,
+                               1024 * 1024, "a worker whose resident set reached this many "
+                               "MiB after a job exits instead of taking another"),
 }
 
 DEFAULT_HOST: Final = "0.0.0.0"  # noqa: S104 - a pod's sidecar must be reachable
@@ -88,6 +91,7 @@ class SidecarConfig:
     worker_cpu_seconds: int = BOUNDS["worker_cpu_seconds"].default
     worker_spares: int = BOUNDS["worker_spares"].default
     worker_max_jobs: int = BOUNDS["worker_max_jobs"].default
+    worker_max_rss_mb: int = BOUNDS["worker_max_rss_mb"].default
     training_dir: Path | None = None
     ephemeral: bool = False
     allow_unauthenticated: bool = False

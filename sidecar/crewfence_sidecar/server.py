@@ -9,7 +9,7 @@ import os
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -21,6 +21,9 @@ from crewfence_sidecar.journal import Journal, JournalLimits
 from crewfence_sidecar.metrics import SidecarMetrics
 from crewfence_sidecar.runtime import CrewSet, Executor, JobContext, Runtime, RuntimeSettings
 from crewfence_sidecar.tls import ReloadingServerTLS, TlsFiles
+
+if TYPE_CHECKING:
+    from crewfence_sidecar.workers.executor import WorkerExecutor
 
 log = logging.getLogger("crewfence.sidecar.server")
 
@@ -177,16 +180,24 @@ def build_sidecar(config: SidecarConfig, crews: CrewSet, executor: Executor,
 
 def worker_execution(config: SidecarConfig, supervisor: Any) -> tuple[CrewSet, Executor]:
     """The crews the template loaded and the executor that forks one worker per job."""
-    from crewfence_sidecar.workers.executor import WorkerCrews, WorkerExecutor
+    from crewfence_sidecar.workers.executor import WorkerCrews
 
     # Without its template no job can run: stop (as SIGTERM would), so the container restarts.
     supervisor.on_lost = lambda: os.kill(os.getpid(), signal.SIGTERM)
     supervisor.attach()
-    executor = WorkerExecutor(supervisor, stop_grace=config.worker_stop_grace_ms / 1000,
-                              max_live=config.max_concurrency, spares=config.worker_spares,
-                              max_jobs=config.worker_max_jobs)
+    executor = worker_executor(config, supervisor)
     executor.prime()
     return WorkerCrews(supervisor.info), executor
+
+
+def worker_executor(config: SidecarConfig, supervisor: Any) -> WorkerExecutor:
+    """The worker executor the sidecar's settings describe (not primed)."""
+    from crewfence_sidecar.workers.executor import WorkerExecutor
+
+    return WorkerExecutor(supervisor, stop_grace=config.worker_stop_grace_ms / 1000,
+                          max_live=config.max_concurrency, spares=config.worker_spares,
+                          max_jobs=config.worker_max_jobs,
+                          max_rss_bytes=config.worker_max_rss_mb * 1024 * 1024)
 
 
 async def serve(config: SidecarConfig, catalog: Any, opened: OpenedJournal,

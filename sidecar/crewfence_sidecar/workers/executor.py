@@ -59,6 +59,7 @@ log = logging.getLogger("crewfence.sidecar.workers")
 DEFAULT_STOP_GRACE_SECONDS = 2.0
 DEFAULT_SPARES = 2
 DEFAULT_MAX_JOBS = BOUNDS["worker_max_jobs"].default
+DEFAULT_MAX_RSS_BYTES = BOUNDS["worker_max_rss_mb"].default * 1024 * 1024
 
 
 MAX_ATTEMPTS = 3
@@ -144,12 +145,14 @@ class WorkerExecutor:
     def __init__(self, supervisor: Supervisor,
                  stop_grace: float = DEFAULT_STOP_GRACE_SECONDS,
                  max_live: int | None = None, spares: int = DEFAULT_SPARES,
-                 max_jobs: int = DEFAULT_MAX_JOBS) -> None:
+                 max_jobs: int = DEFAULT_MAX_JOBS,
+                 max_rss_bytes: int = DEFAULT_MAX_RSS_BYTES) -> None:
         self.supervisor = supervisor
         self.stop_grace = stop_grace
         self.max_live = max_live
         self.spares = spares
         self.max_jobs = max_jobs
+        self.max_rss_bytes = max_rss_bytes
         self.stats = WorkerStats([])
         self._spares: deque[WorkerHandle] = deque()
 
@@ -232,7 +235,8 @@ class WorkerExecutor:
             may_reuse = self.max_live is not None and handle.jobs_done + 1 < self.max_jobs
             await handle.open({"crew_id": ctx.crew_id, "action_id": ctx.action_id,
                                "operation": ctx.operation, "input": ctx.input,
-                               "max_jobs": self.max_jobs if self.max_live is not None else 1})
+                               "max_jobs": self.max_jobs if self.max_live is not None else 1,
+                               "max_rss_bytes": self.max_rss_bytes})
             outcome = await self._follow(handle, ctx, progress)
             if outcome is not None and ctx.on_output is not None:
                 if outcome["type"] == "result":

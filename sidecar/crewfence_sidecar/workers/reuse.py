@@ -17,7 +17,7 @@ when, after its job,
   it has no child at all, a daemon a tool started with ``setsid`` and a double fork
   included (any child, even a zombie, refuses); where it is not a subreaper, no process but
   itself is in its process group;
-- its resident set is below :data:`MAX_REUSE_RSS_BYTES`;
+- its resident set is below the bound (``CREWFENCE_WORKER_MAX_RSS_MB``, default 1 GiB);
 - it has run fewer than ``max_jobs`` jobs;
 - no CPU-time limit is set: ``RLIMIT_CPU`` counts the whole life of a process, so a reused
   worker's later jobs would get less than their allowance (``CREWFENCE_WORKER_CPU_SECONDS``
@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import Any
 
 MAX_REUSE_RSS_BYTES = 1024 ** 3
-"""A worker whose resident set reached this after a job exits instead of taking another."""
+"""The default bound (``CREWFENCE_WORKER_MAX_RSS_MB``): a worker whose resident set reached
+it after a job exits instead of taking another."""
 BUS_FLUSH_SECONDS = 2.0
 POOL_SETTLE_SECONDS = 0.1
 """A pool thread that has just delivered the job's last result may not be back at its queue
@@ -161,7 +162,8 @@ def resident_bytes() -> int | None:
 
 
 def refusal(loop: asyncio.AbstractEventLoop, baseline: JobBaseline, *, jobs_done: int,
-            max_jobs: int, cpu_limited: bool, subreaper: bool = False) -> str | None:
+            max_jobs: int, cpu_limited: bool, subreaper: bool = False,
+            max_rss_bytes: int = MAX_REUSE_RSS_BYTES) -> str | None:
     """Why this worker must exit after its job; None when it may take another."""
     if jobs_done >= max_jobs:
         return f"ran {jobs_done} of at most {max_jobs} jobs"
@@ -185,6 +187,8 @@ def refusal(loop: asyncio.AbstractEventLoop, baseline: JobBaseline, *, jobs_done
     if left:
         return f"processes left: {left}"
     rss = resident_bytes()
-    if rss is None or rss >= MAX_REUSE_RSS_BYTES:
-        return "resident set unknown or over the bound"
+    if rss is None:
+        return "resident set unknown"
+    if rss >= max_rss_bytes:
+        return f"resident set {rss >> 20} MiB reached the bound of {max_rss_bytes >> 20} MiB"
     return None

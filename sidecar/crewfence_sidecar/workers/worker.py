@@ -34,7 +34,7 @@ from typing import Any, NoReturn
 
 from crewfence_sidecar.runtime import JobContext
 from crewfence_sidecar.workers.protocol import ProtocolError, frame, read_frame, write_frame
-from crewfence_sidecar.workers.reuse import JobBaseline, refusal
+from crewfence_sidecar.workers.reuse import MAX_REUSE_RSS_BYTES, JobBaseline, refusal
 from crewfence_sidecar.workers.settings import (
     TemplateSettings,
     apply_limits,
@@ -163,7 +163,9 @@ def run(channel_fd: int, close_fds: list[int], catalog: Any, settings: TemplateS
                 break  # the sidecar closed the channel: nothing more to do
             why_not = refusal(runner.get_loop(), baseline, jobs_done=jobs_done,
                               max_jobs=max_jobs, cpu_limited=settings.cpu_seconds > 0,
-                              subreaper=subreaper)
+                              subreaper=subreaper,
+                              max_rss_bytes=int(job.get("max_rss_bytes")
+                                                or MAX_REUSE_RSS_BYTES))
             if why_not is not None:
                 channel.send({"type": "retiring", "reason": why_not})
                 break

@@ -287,3 +287,18 @@ async def test_a_daemon_that_left_the_process_group_still_refuses_reuse(
                 os.kill(daemon, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+async def test_a_worker_over_the_resident_set_bound_is_not_reused(
+        make_worker_client: Any, worker_template: Template) -> None:
+    """``CREWFENCE_WORKER_MAX_RSS_MB`` bounds reuse: a worker at or over it after its job
+    exits (every worker with crewai loaded is over 1 MiB)."""
+    c = await make_worker_client(CREWFENCE_WORKER_MAX_RSS_MB="1")
+    _assert_completed(await _run(c, "heavy-1"), "heavy-1")
+    heavy = _pid(worker_template, "heavy-1")
+    await _idle_again(c, heavy)
+    assert heavy not in c.executor.spare_pids
+    assert [r for r in c.executor.stats.not_reused if r.startswith("resident set")], \
+        c.executor.stats.not_reused
+    _assert_completed(await _run(c, "heavy-2"), "heavy-2")
+    assert _pid(worker_template, "heavy-2") != heavy

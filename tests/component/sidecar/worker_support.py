@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -112,8 +112,8 @@ async def make_worker_client(worker_template: Template, state_dir: Path
     """make_worker_client(stop_grace=..., env overrides) -> TestClient of a real sidecar."""
     from aiohttp.test_utils import TestClient
     from crewfence_sidecar.config import load_config
-    from crewfence_sidecar.server import build_sidecar, open_journal
-    from crewfence_sidecar.workers.executor import WorkerCrews, WorkerExecutor
+    from crewfence_sidecar.server import build_sidecar, open_journal, worker_executor
+    from crewfence_sidecar.workers.executor import WorkerCrews
 
     supervisor = worker_template.supervisor
     made: list[tuple[Any, Any]] = []
@@ -129,10 +129,8 @@ async def make_worker_client(worker_template: Template, state_dir: Path
         base.update(env)
         config = load_config([], {k: v for k, v in base.items() if v != ""})
         opened = open_journal(config)
-        executor = WorkerExecutor(supervisor, stop_grace=stop_grace,
-                                  max_live=config.max_concurrency,
-                                  spares=config.worker_spares,
-                                  max_jobs=config.worker_max_jobs)
+        executor = worker_executor(replace(config, worker_stop_grace_ms=int(stop_grace * 1000)),
+                                   supervisor)
         executor.prime()
         sidecar = build_sidecar(config, WorkerCrews(supervisor.info), executor, opened)
         client = await serve_in_process(sidecar, made)
