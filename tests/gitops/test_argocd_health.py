@@ -204,3 +204,20 @@ def test_crew_shared_state_volume_is_degraded(run_health) -> None:
     health = run_health(CREW, crew(status))
     assert health.status == "Degraded"
     assert "research-state-0" in health.message
+
+
+def test_crew_without_model_credentials_is_degraded_even_when_ready(run_health) -> None:
+    status = ready("True")
+    status["conditions"].append(
+        {
+            "type": "ModelCredentials",
+            "status": "False",
+            "reason": "MissingModelCredentials",
+            "message": "model openai/gpt-4o-mini is hosted but llm.apiKeySecretRef is not set",
+        }
+    )
+    health = run_health(CREW, crew(status))
+    assert health.status == "Degraded"
+    assert "apiKeySecretRef" in health.message
+    status["conditions"][-1]["status"] = "True"
+    assert run_health(CREW, crew(status)).status == "Healthy"

@@ -169,6 +169,36 @@ def conditions(**types: str) -> list[dict[str, str]]:
             "InProgress",
             id="stale",
         ),
+        pytest.param(
+            crew(
+                {
+                    "observedGeneration": 1,
+                    "conditions": conditions(Ready="True", ModelCredentials="False"),
+                }
+            ),
+            "Failed",
+            id="model-credentials-missing",
+        ),
+        pytest.param(
+            crew(
+                {
+                    "observedGeneration": 1,
+                    "conditions": conditions(Ready="False", ModelCredentials="False"),
+                }
+            ),
+            "Failed",
+            id="model-credentials-missing-not-ready",
+        ),
+        pytest.param(
+            crew(
+                {
+                    "observedGeneration": 1,
+                    "conditions": conditions(Ready="True", ModelCredentials="True"),
+                }
+            ),
+            "Current",
+            id="model-credentials-present",
+        ),
     ],
 )
 def test_crew_exprs(obj: dict[str, Any], expected: str) -> None:

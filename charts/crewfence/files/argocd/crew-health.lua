@@ -56,6 +56,14 @@ if shared ~= nil and shared.status == "True" then
   return hs
 end
 
+-- A hosted model without its API key fails every job, however ready the pods are.
+local credentials = condition(status, "ModelCredentials")
+if credentials ~= nil and credentials.status == "False" then
+  hs.status = "Degraded"
+  hs.message = "Model credentials missing: " .. (credentials.message or credentials.reason or "see the Crew's conditions")
+  return hs
+end
+
 local ready = condition(status, "Ready")
 if ready == nil then
   hs.status = "Progressing"
