@@ -14,8 +14,9 @@ successor CrewJobs; the API server's CEL rules and the operator enforce the rest
 
 ``explain`` also asks the assigned replica's sidecar for its record, with the user's own kube
 credentials reading what the operator itself uses: the Crew's token Secret and, with mutual
-TLS (the default), the Crew's CA Secret, from which it presents a client certificate of that
-CA as the operator does (with cert-manager: the operator's client certificate Secret).
+TLS (the default), the Crew's client-certificate Secret (a client certificate of the Crew's
+CA and the trust bundle, never the CA's key), falling back to the CA Secret for an operator
+that does not write that Secret yet.
 Invariants: the replica's certificate is verified against the Crew's CA **and** the
 replica's DNS name (never plain HTTP to a Crew that has TLS material); a Secret the user may
 not read (403) is said in one line and the status-side evidence is shown without the
@@ -42,7 +43,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from crewfence_operator import constants as c
-from crewfence_operator.crew import cert_manager, cert_manager_apply
+from crewfence_operator.crew import cert_manager_apply
 from crewfence_operator.crew import tls as crew_tls
 from crewfence_operator.crew.ca_rotation import CaState
 from crewfence_operator.crew.identity import CrewRef
@@ -291,18 +292,31 @@ def _read_secret(kube: Kube, name: str, holds: str) -> dict[str, Any] | None:
 
 def client_tls(kube: Kube, crew: str) -> tuple[ssl.SSLContext | None, str]:
     """The client side of mutual TLS with the Crew's sidecars, from the operator's Secrets:
-    its own CA per Crew (``<crew>-crewfence-ca``: a client certificate of the signing CA,
-    verification against the trust bundle, as the operator does), else cert-manager's
-    ``<crew>-crewfence-operator-client``; (None, ...) when the Crew has neither (plain HTTP,
-    an operator run with ``CREWFENCE_OPERATOR_SIDECAR_TLS=0``). A Secret the user may not
-    read is skipped while the other one can be used; when neither can, the first refusal is
-    what ``EvidenceUnavailable`` says."""
-    ca_name = crew_tls.ca_secret_name(crew)
+    the Crew's client-certificate Secret (``<crew>-crewfence-operator-client``: a client
+    certificate of the Crew's CA and the trust bundle, no CA key; written by the operator or
+    by cert-manager), else, from an operator that does not write it yet, the CA Secret
+    (``<crew>-crewfence-ca``, from which a client certificate is made here); (None, ...) when
+    the Crew has neither (plain HTTP, an operator run with ``CREWFENCE_OPERATOR_SIDECAR_TLS=0``).
+    A Secret the user may not read is skipped while the other one can be used; when neither
+    can, the first refusal is what ``EvidenceUnavailable`` says."""
+    client_name = crew_tls.operator_client_secret_name(crew)
     refused: list[EvidenceUnavailable] = []
+    try:
+        client_secret = _read_secret(kube, client_name,
+                                     "the client certificate for the Crew's sidecars")
+    except EvidenceUnavailable as exc:
+        client_secret, refused = None, [exc]
+    if client_secret is not None:
+        issued = cert_manager_apply.client_tls_from_secret(client_secret)
+        if issued is None:
+            raise EvidenceUnavailable(f"not asked: Secret {kube.namespace}/{client_name} is "
+                                      "not completely issued yet")
+        return issued.context, "the Crew's client certificate"
+    ca_name = crew_tls.ca_secret_name(crew)
     try:
         ca_secret = _read_secret(kube, ca_name, "the Crew's CA (mutual TLS)")
     except EvidenceUnavailable as exc:
-        ca_secret, refused = None, [exc]
+        raise (refused[0] if refused else exc) from None
     if ca_secret is not None:
         state = CaState.from_secret(ca_secret)
         if state is None:
@@ -310,18 +324,6 @@ def client_tls(kube: Kube, crew: str) -> tuple[ssl.SSLContext | None, str]:
                                       "usable CA")
         material = crew_tls.CrewClientTLS.for_ca(state.signing, state.trust)
         return material.context, "a client certificate of the Crew's CA"
-    client_name = cert_manager.operator_client_name(crew)
-    try:
-        client_secret = _read_secret(kube, client_name,
-                                     "the operator's client certificate (cert-manager)")
-    except EvidenceUnavailable as exc:
-        raise (refused[0] if refused else exc) from None
-    if client_secret is not None:
-        issued = cert_manager_apply.client_tls_from_secret(client_secret)
-        if issued is None:
-            raise EvidenceUnavailable(f"not asked: Secret {kube.namespace}/{client_name} is "
-                                      "not completely issued yet")
-        return issued.context, "the operator's client certificate (cert-manager)"
     if refused:
         raise refused[0]
     return None, "plain HTTP (the Crew has no CA)"

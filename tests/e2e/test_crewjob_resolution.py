@@ -192,7 +192,7 @@ def test_resolve_supersede_and_see_it_everywhere(cluster: Cluster, ns: str, tmp_
     assert "UNCERTAIN (SidecarRestarted)" in explained.stdout
     assert "#1 failed reason=sidecar_restarted" in explained.stdout  # the sidecar's record
     # ... asked the way the operator asks: mutual TLS, the replica's name verified
-    assert "over mutual TLS with a client certificate of the Crew's CA, verified as " \
+    assert "over mutual TLS with the Crew's client certificate, verified as " \
         f"research-0.research.{ns}.svc" in explained.stdout
     assert "Recovery advice" in explained.stdout
 
@@ -328,7 +328,7 @@ def test_explain_asks_the_sidecar_over_mutual_tls_or_says_why_not(
     assert wait_phase(cluster, ns, "told")["status"]["phase"] == "Succeeded"
     admin = kubectl_plugin(cluster, plugin, "explain", "told", "-n", ns)
     assert admin.returncode == 0, admin.stderr
-    assert "over mutual TLS with a client certificate of the Crew's CA, verified as " \
+    assert "over mutual TLS with the Crew's client certificate, verified as " \
         f"research-0.research.{ns}.svc" in admin.stdout
     assert "#0 started" in admin.stdout and "status completed" in admin.stdout
     as_json = kubectl_plugin(cluster, plugin, "explain", "told", "-n", ns, "-o", "json")
@@ -354,11 +354,11 @@ def test_explain_asks_the_sidecar_over_mutual_tls_or_says_why_not(
         return found
 
     no_secrets = explain_as_reader("research-crewfence-token")
-    # ... and with the token but not the CA: the CA is what it names now.
-    _grant(cluster, ns, account, [reads, {"apiGroups": [""], "resources": ["secrets"],
-                                          "resourceNames": ["research-crewfence-token"],
-                                          "verbs": ["get"]}])
-    no_ca = explain_as_reader("research-crewfence-ca")
+    # ... and with the token but no TLS Secret: the client-certificate Secret is named.
+    token_rule = {"apiGroups": [""], "resources": ["secrets"],
+                  "resourceNames": ["research-crewfence-token"], "verbs": ["get"]}
+    _grant(cluster, ns, account, [reads, token_rule])
+    no_ca = explain_as_reader("research-crewfence-operator-client")
     for out in (no_secrets, no_ca):
         assert out.returncode == 0, out.stderr
         refused = [line for line in out.stdout.splitlines() if "you may not read" in line]
@@ -367,9 +367,25 @@ def test_explain_asks_the_sidecar_over_mutual_tls_or_says_why_not(
         assert "The outcome is known." in out.stdout and "Request hash" in out.stdout
         assert "status completed" not in out.stdout  # the sidecar was not asked
 
+    # With the token and the client-certificate Secret (which holds no CA key), but never
+    # the CA Secret: the sidecar is asked over mutual TLS.
+    client_secret = cluster.get_json("secret", "research-crewfence-operator-client", "-n", ns)
+    assert set(client_secret["data"]) == {"tls.crt", "tls.key", "ca.crt"}
+    _grant(cluster, ns, account, [reads, {**token_rule, "resourceNames": [
+        "research-crewfence-token", "research-crewfence-operator-client"]}])
+
+    def asked_as_reader() -> subprocess.CompletedProcess[str] | None:
+        out = kubectl_plugin(cluster, plugin, "explain", "told", "-n", ns,
+                             kubeconfig=kubeconfig)
+        return out if "status completed" in out.stdout else None
+
+    scoped = wait_for(asked_as_reader, timeout=30, what="explain with the client Secret only")
+    assert "over mutual TLS with the Crew's client certificate" in scoped.stdout
+
     token = crew_token(cluster, ns, "research")
     ca_secret = cluster.get_json("secret", "research-crewfence-ca", "-n", ns)
-    for out in (admin, as_json, no_secrets, no_ca):
+    for out in (admin, as_json, no_secrets, no_ca, scoped):
         printed = out.stdout + out.stderr
         assert token not in printed and "PRIVATE KEY" not in printed
         assert ca_secret["data"]["ca.key"] not in printed
+        assert client_secret["data"]["tls.key"] not in printed

@@ -111,7 +111,7 @@ def replica_certificate_name(crew: str, ordinal: int) -> str:
 
 def operator_client_name(crew: str) -> str:
     """The operator's client Certificate and its Secret."""
-    return f"{crew}-crewfence-operator-client"
+    return crew_tls.operator_client_secret_name(crew)
 
 
 def leaf_issuer(crew: str, settings: CertManagerSettings) -> dict[str, str]:

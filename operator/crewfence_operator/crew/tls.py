@@ -28,7 +28,7 @@ import os
 import secrets
 import ssl
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -62,6 +62,12 @@ def ca_secret_name(crew: str) -> str:
 
 def replica_tls_secret_name(crew: str, ordinal: int) -> str:
     return f"{c.pod_name(crew, ordinal)}-crewfence-tls"
+
+
+def operator_client_secret_name(crew: str) -> str:
+    """The Secret with a client certificate for the Crew's sidecars and the trust bundle
+    (never the CA's key): written by the operator, or by cert-manager's client Certificate."""
+    return f"{crew}-crewfence-operator-client"
 
 
 def replica_dns_name(crew: CrewRef, ordinal: int) -> str:
@@ -255,6 +261,20 @@ def ca_secret(crew: CrewRef, ca: certs.Issued) -> dict[str, Any]:
     }
 
 
+def client_tls_secret(crew: CrewRef, client: certs.Issued,
+                      trust: Sequence[x509.Certificate]) -> dict[str, Any]:
+    """``kubernetes.io/tls`` Secret: a client certificate and key of the Crew's CA and, as
+    ``ca.crt``, the bundle that verifies the replicas (the keys cert-manager writes too)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": object_meta(crew, operator_client_secret_name(crew.name), crew_labels(crew)),
+        "type": "kubernetes.io/tls",
+        "data": {TLS_CERT_KEY: _b64(client.cert_pem), TLS_KEY_KEY: _b64(client.key_pem),
+                 CA_CERT_KEY: _b64(bundle_pem(list(trust)))},
+    }
+
+
 def replica_tls_secret(crew: CrewRef, ordinal: int, ca: certs.Issued,
                        leaf: certs.Issued,
                        trust: Sequence[x509.Certificate] = ()) -> dict[str, Any]:
@@ -287,6 +307,26 @@ def desired_replica_secret(crew: CrewRef, ordinal: int, existing: Mapping[str, A
                            want: ReplicaIssue) -> tuple[str, dict[str, Any]] | None:
     """The replica's TLS Secret to write and why (``replica_secret_reason``), or None while
     ``existing`` is good. Only the bundle changed (``trust``): the certificate and key stay."""
+    return _desired_tls_secret(existing, want, lambda: replica_tls_secret(
+        crew, ordinal, want.ca, issue_serving(want.ca, want.hosts, want.lifetime), want.trust))
+
+
+def desired_client_secret(crew: CrewRef, existing: Mapping[str, Any] | None,
+                          want: ReplicaIssue) -> tuple[str, dict[str, Any]] | None:
+    """The Crew's client-certificate Secret (``operator_client_secret_name``) to write and
+    why, or None while ``existing`` is good: a client certificate of the signing CA (no host
+    names: ``want.hosts`` is empty) and the trust bundle, as for a replica.
+
+    Invariant (least exposure): what ``kubectl crewfence explain`` needs to talk to the
+    replicas is readable without the CA's key, so a person who may inspect sidecars is not
+    also able to issue serving certificates that the operator would trust.
+    """
+    return _desired_tls_secret(existing, want, lambda: client_tls_secret(
+        crew, issue_operator_client(want.ca, want.lifetime), want.trust or (want.ca.cert,)))
+
+
+def _desired_tls_secret(existing: Mapping[str, Any] | None, want: ReplicaIssue,
+                        fresh: Callable[[], dict[str, Any]]) -> tuple[str, dict[str, Any]] | None:
     reason = replica_secret_reason(existing, want.ca, want.trust, want.hosts, want.now)
     if reason is None:
         return None
@@ -295,8 +335,7 @@ def desired_replica_secret(crew: CrewRef, ordinal: int, existing: Mapping[str, A
                 "data": {**(existing.get("data") or {}),
                          CA_CERT_KEY: _b64(bundle_pem(want.trust or (want.ca.cert,)))}}
         return reason, body
-    leaf = issue_serving(want.ca, want.hosts, want.lifetime)
-    return reason, replica_tls_secret(crew, ordinal, want.ca, leaf, want.trust)
+    return reason, fresh()
 
 
 # --- the operator's client side ------------------------------------------------------------------

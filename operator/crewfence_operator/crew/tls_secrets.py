@@ -90,11 +90,13 @@ def pod_ip(pod: Mapping[str, Any] | None) -> str | None:
 def ensure_replica_secrets(crew: CrewRef, ordinals: Iterable[int],
                            pods: Mapping[int, Mapping[str, Any]],
                            state: ca_rotation.CaState | None = None) -> list[str]:
-    """Create or re-issue each replica's TLS Secret; returns ``"<ordinal>:<reason>"`` for each
-    Secret written (nothing is written while it is good). A certificate is issued by the
-    signing CA; ``ca.crt`` is the trust bundle of the CA Secret's state (``state``, read
-    when not given); a Secret whose certificate is good but whose bundle is not current
-    keeps its certificate and key and gets the bundle only (reason ``trust``)."""
+    """Create or re-issue each replica's TLS Secret, and the Crew's client-certificate Secret
+    (``crew_tls.desired_client_secret``); returns ``"<ordinal>:<reason>"`` for each replica
+    Secret written and ``"client:<reason>"`` for the client one (nothing is written while it
+    is good). A certificate is issued by the signing CA; ``ca.crt`` is the trust bundle of
+    the CA Secret's state (``state``, read when not given); a Secret whose certificate is good
+    but whose bundle is not current keeps its certificate and key and gets the bundle only
+    (reason ``trust``)."""
     state = state if state is not None else ensure_ca_state(crew)
     ca, trust = state.signing, state.trust
     lifetimes = Lifetimes.current()
@@ -106,26 +108,35 @@ def ensure_replica_secrets(crew: CrewRef, ordinals: Iterable[int],
         hosts = crew_tls.replica_hosts(crew, ordinal, pod_ip(pods.get(ordinal)))
         wanted = crew_tls.desired_replica_secret(crew, ordinal, existing, crew_tls.ReplicaIssue(
             ca=ca, trust=tuple(trust), hosts=tuple(hosts), now=now, lifetime=lifetimes.leaf))
-        if wanted is None:
-            continue
-        reason, body = wanted
-        if existing is None:
-            if not kube.create_if_absent(body):
-                continue  # another pass created it meanwhile: judged on the next pass
-        else:
-            body["metadata"] = {**body["metadata"],
-                                "resourceVersion": existing["metadata"]["resourceVersion"]}
-            try:
-                kube.core().replace_namespaced_secret(name, crew.namespace, body)
-            except ApiException as exc:
-                if exc.status == 409:
-                    continue  # changed meanwhile: judged on the next pass
-                raise
-        written.append(f"{ordinal}:{reason}")
+        if wanted is not None and _write_secret(crew, existing, wanted[1]):
+            written.append(f"{ordinal}:{wanted[0]}")
+    name = crew_tls.operator_client_secret_name(crew.name)
+    existing = _read_secret(crew.namespace, name)
+    wanted = crew_tls.desired_client_secret(crew, existing, crew_tls.ReplicaIssue(
+        ca=ca, trust=tuple(trust), hosts=(), now=now, lifetime=lifetimes.leaf))
+    if wanted is not None and _write_secret(crew, existing, wanted[1]):
+        written.append(f"client:{wanted[0]}")
     if written:
-        log.info("issued serving certificates for Crew %s/%s: %s", crew.namespace, crew.name,
+        log.info("issued certificates for Crew %s/%s: %s", crew.namespace, crew.name,
                  ", ".join(written))
     return written
+
+
+def _write_secret(crew: CrewRef, existing: Mapping[str, Any] | None,
+                  body: dict[str, Any]) -> bool:
+    """Create ``body`` or replace ``existing`` with it; False when another pass changed it
+    meanwhile (then it is judged again on the next pass)."""
+    if existing is None:
+        return kube.create_if_absent(body)
+    body["metadata"] = {**body["metadata"],
+                        "resourceVersion": existing["metadata"]["resourceVersion"]}
+    try:
+        kube.core().replace_namespaced_secret(body["metadata"]["name"], crew.namespace, body)
+    except ApiException as exc:
+        if exc.status == 409:
+            return False
+        raise
+    return True
 
 
 # --- the operator's side of the connection --------------------------------------------------------

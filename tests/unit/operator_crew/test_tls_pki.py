@@ -98,3 +98,29 @@ def test_client_context_trusts_the_crews_ca_only(ca: certs.Issued) -> None:
     other = crew_tls.new_crew_ca(CrewRef(name="other", namespace="team-b", uid="uid-2"))
     both = crew_tls.client_ssl_context(ca, client, trust=[ca.cert, other.cert])
     assert len(both.get_ca_certs()) == 2
+
+
+def test_the_client_secret_holds_a_client_certificate_and_the_bundle_never_the_ca_key(
+        ca: certs.Issued) -> None:
+    """Invariant (least exposure): ``kubectl crewfence explain`` gets what it needs from a
+    Secret without the CA's key; re-issued when the signing CA changes, bundle-only when
+    only the trust changed, left alone while good."""
+    want = crew_tls.ReplicaIssue(ca=ca, trust=(ca.cert,), hosts=(), now=NOW)
+    reason, body = crew_tls.desired_client_secret(CREW, None, want) or ("", {})
+    assert reason == "missing"
+    assert body["metadata"]["name"] == "research-crewfence-operator-client"
+    assert body["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    assert set(body["data"]) == {"tls.crt", "tls.key", "ca.crt"}
+    assert ca.key_pem.decode() not in str(body) and crew_tls.CA_KEY_KEY not in body["data"]
+    client = crew_tls.cert_from_secret(body)
+    assert client is not None and crew_tls.is_client_certificate(client)
+    assert crew_tls.signed_by(client, ca.cert)
+    assert crew_tls.desired_client_secret(CREW, body, want) is None  # good: nothing to write
+
+    other = crew_tls.new_crew_ca(CREW)
+    both = crew_tls.ReplicaIssue(ca=ca, trust=(ca.cert, other.cert), hosts=(), now=NOW)
+    reason, rebundled = crew_tls.desired_client_secret(CREW, body, both) or ("", {})
+    assert reason == "trust" and rebundled["data"]["tls.key"] == body["data"]["tls.key"]
+    moved = crew_tls.ReplicaIssue(ca=other, trust=(ca.cert, other.cert), hosts=(), now=NOW)
+    reason, reissued = crew_tls.desired_client_secret(CREW, rebundled, moved) or ("", {})
+    assert reason == "issuer" and reissued["data"]["tls.key"] != body["data"]["tls.key"]

@@ -140,7 +140,7 @@ def test_explain_uses_the_crews_ca_and_verifies_the_replica_name() -> None:
     assert "new" not in repr(access) and "PRIVATE" not in repr(access)
 
 
-def test_explain_uses_cert_managers_operator_client_certificate() -> None:
+def test_explain_uses_the_crews_client_certificate_secret_without_the_ca() -> None:
     from crewfence_operator import certs
     from crewfence_operator.crew import tls as crew_tls
 
@@ -152,8 +152,8 @@ def test_explain_uses_cert_managers_operator_client_certificate() -> None:
                                       "research-crewfence-operator-client": secret}),
                                CREW_OBJ, 0)
     assert access.context is not None and access.server_name == "research-0.research.ns.svc"
-    assert access.source == "the operator's client certificate (cert-manager)"
-    # RBAC scoped to the Secrets this source uses: the CA Secret's 403 does not stop it
+    assert access.source == "the Crew's client certificate"
+    # RBAC scoped to the token and this Secret: the CA Secret's 403 does not stop it
     scoped = kp.sidecar_access(_kube({"research-crewfence-token": {"token": _b64("t")},
                                       "research-crewfence-ca": 403,
                                       "research-crewfence-operator-client": secret}),
@@ -181,3 +181,14 @@ def test_explain_says_in_one_line_which_secret_it_may_not_read() -> None:
         note = str(info.value)
         assert "\n" not in note and "403" in note and f"ns/{forbidden}" in note
         assert holds in note and "CrewJob's own status" in note
+
+
+def test_explain_names_the_client_secret_first_when_it_may_read_neither() -> None:
+    import pytest
+
+    secrets: dict[str, dict[str, str] | int] = {
+        "research-crewfence-token": {"token": _b64("t")},
+        "research-crewfence-operator-client": 403, "research-crewfence-ca": 403}
+    with pytest.raises(kp.EvidenceUnavailable) as info:
+        kp.sidecar_access(_kube(secrets), CREW_OBJ, 0)
+    assert "ns/research-crewfence-operator-client (403" in str(info.value)
