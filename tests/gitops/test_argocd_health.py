@@ -191,33 +191,24 @@ def test_crew_fenced_replica_is_degraded(run_health, ready_status: str) -> None:
     assert "research-1" in health.message and "fenced" in health.message
 
 
-def test_crew_shared_state_volume_is_degraded(run_health) -> None:
+@pytest.mark.parametrize(
+    ("kind", "bad", "good", "reason", "message", "shown"),
+    [
+        pytest.param("StateVolumeShared", "True", "False", "ForeignMount",
+                     "claim research-state-0 is mounted by pod intruder", "research-state-0",
+                     id="shared-state-volume"),
+        pytest.param("ModelCredentials", "False", "True", "MissingModelCredentials",
+                     "model openai/gpt-4o-mini is hosted but llm.apiKeySecretRef is not set",
+                     "apiKeySecretRef", id="model-credentials-missing"),
+    ],
+)
+def test_crew_condition_degrades_a_ready_crew(run_health, kind: str, bad: str, good: str,
+                                              reason: str, message: str, shown: str) -> None:
     status = ready("True")
     status["conditions"].append(
-        {
-            "type": "StateVolumeShared",
-            "status": "True",
-            "reason": "ForeignMount",
-            "message": "claim research-state-0 is mounted by pod intruder",
-        }
-    )
+        {"type": kind, "status": bad, "reason": reason, "message": message})
     health = run_health(CREW, crew(status))
     assert health.status == "Degraded"
-    assert "research-state-0" in health.message
-
-
-def test_crew_without_model_credentials_is_degraded_even_when_ready(run_health) -> None:
-    status = ready("True")
-    status["conditions"].append(
-        {
-            "type": "ModelCredentials",
-            "status": "False",
-            "reason": "MissingModelCredentials",
-            "message": "model openai/gpt-4o-mini is hosted but llm.apiKeySecretRef is not set",
-        }
-    )
-    health = run_health(CREW, crew(status))
-    assert health.status == "Degraded"
-    assert "apiKeySecretRef" in health.message
-    status["conditions"][-1]["status"] = "True"
+    assert shown in health.message
+    status["conditions"][-1]["status"] = good
     assert run_health(CREW, crew(status)).status == "Healthy"

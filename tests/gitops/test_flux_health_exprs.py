@@ -118,27 +118,26 @@ def conditions(**types: str) -> list[dict[str, str]]:
     return [{"type": t, "status": s} for t, s in types.items()]
 
 
+def observed_crew(**types: str) -> dict[str, Any]:
+    return crew({"observedGeneration": 1, "conditions": conditions(**types)})
+
+
 @pytest.mark.parametrize(
     ("obj", "expected"),
     [
         pytest.param(crew(None), "InProgress", id="not-observed"),
         pytest.param(
-            crew({"observedGeneration": 1, "conditions": conditions(Ready="False")}),
+            observed_crew(Ready="False"),
             "InProgress",
             id="not-ready",
         ),
         pytest.param(
-            crew({"observedGeneration": 1, "conditions": conditions(Ready="True")}),
+            observed_crew(Ready="True"),
             "Current",
             id="ready",
         ),
         pytest.param(
-            crew(
-                {
-                    "observedGeneration": 1,
-                    "conditions": conditions(Ready="True", StateVolumeShared="True"),
-                }
-            ),
+            observed_crew(Ready="True", StateVolumeShared="True"),
             "Failed",
             id="shared-state",
         ),
@@ -170,32 +169,17 @@ def conditions(**types: str) -> list[dict[str, str]]:
             id="stale",
         ),
         pytest.param(
-            crew(
-                {
-                    "observedGeneration": 1,
-                    "conditions": conditions(Ready="True", ModelCredentials="False"),
-                }
-            ),
+            observed_crew(Ready="True", ModelCredentials="False"),
             "Failed",
             id="model-credentials-missing",
         ),
         pytest.param(
-            crew(
-                {
-                    "observedGeneration": 1,
-                    "conditions": conditions(Ready="False", ModelCredentials="False"),
-                }
-            ),
+            observed_crew(Ready="False", ModelCredentials="False"),
             "Failed",
             id="model-credentials-missing-not-ready",
         ),
         pytest.param(
-            crew(
-                {
-                    "observedGeneration": 1,
-                    "conditions": conditions(Ready="True", ModelCredentials="True"),
-                }
-            ),
+            observed_crew(Ready="True", ModelCredentials="True"),
             "Current",
             id="model-credentials-present",
         ),

@@ -49,18 +49,21 @@ if status.replicas ~= nil then
   end
 end
 
-local shared = condition(status, "StateVolumeShared")
-if shared ~= nil and shared.status == "True" then
-  hs.status = "Degraded"
-  hs.message = "A state volume is shared: " .. (shared.message or shared.reason or "see the Crew's conditions")
-  return hs
+local function degraded_when(kind, value, prefix)
+  local c = condition(status, kind)
+  if c ~= nil and c.status == value then
+    hs.status = "Degraded"
+    hs.message = prefix .. (c.message or c.reason or "see the Crew's conditions")
+    return true
+  end
+  return false
 end
 
+if degraded_when("StateVolumeShared", "True", "A state volume is shared: ") then
+  return hs
+end
 -- A hosted model without its API key fails every job, however ready the pods are.
-local credentials = condition(status, "ModelCredentials")
-if credentials ~= nil and credentials.status == "False" then
-  hs.status = "Degraded"
-  hs.message = "Model credentials missing: " .. (credentials.message or credentials.reason or "see the Crew's conditions")
+if degraded_when("ModelCredentials", "False", "Model credentials missing: ") then
   return hs
 end
 
