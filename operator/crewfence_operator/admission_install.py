@@ -20,7 +20,8 @@ from typing import Any
 from cryptography import x509
 from kubernetes import client
 
-from crewfence_operator import admission, certs, config, kube
+from crewfence_operator import admission, config, kube
+from crewfence_operator.transport import certs
 
 FIELD_MANAGER = "crewfence-operator"
 APPLY_PATCH = "application/apply-patch+yaml"

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from crewfence_operator import constants as c
-from crewfence_operator.crew.cert_manager import CertManagerSettings, CertSource, IssuerRef
 from crewfence_operator.crew.spec import JournalBounds
+from crewfence_operator.transport.cert_manager import CertManagerSettings, CertSource, IssuerRef
 
 ENV_PREFIX = "CREWFENCE_OPERATOR_"
 
@@ -79,15 +79,16 @@ class OperatorConfig:
     sidecar_port: int = c.SIDECAR_PORT
     sidecar_tls: bool = True
     """Operator <-> sidecar over mutual TLS with a CA per Crew; the token, keys and the LLM
-    API key as files (``crew/tls.py``, ``crew/credentials.py``). On by default, for a bare
+    API key as files (``transport/pki.py``, ``crew/credentials.py``). On by default, for a bare
     ``crewfence-operator`` as in the chart. Invariant (plaintext only when asked for):
     ``CREWFENCE_OPERATOR_SIDECAR_TLS`` turns it off only with an explicit false word
     (``0``/``false``/``no``/``off``); an unset or empty value keeps TLS and any other value
     is refused (``parse_sidecar_tls``), so a typo never downgrades to plain HTTP."""
     cert_source: CertSource = CertSource.OPERATOR
     """Who issues the mutual-TLS certificates (``CREWFENCE_OPERATOR_CERT_SOURCE``): the
-    operator's own CA per Crew (``crew/tls.py``) or cert-manager (``crew/cert_manager.py``;
-    the chart's ``certManager.enabled``). Same Secret names and files either way."""
+    operator's own CA per Crew (``transport/pki.py``) or cert-manager
+    (``transport/cert_manager.py``; the chart's ``certManager.enabled``). Same Secret names and
+    files either way."""
     cert_manager_issuer: str | None = None
     """``CREWFENCE_OPERATOR_CERT_MANAGER_ISSUER``: an existing ``NAME``, ``Issuer/NAME`` or
     ``ClusterIssuer/NAME`` to sign with instead of a CA per Crew (cert-manager source only)."""
@@ -99,7 +100,7 @@ class OperatorConfig:
     """Seconds to wait for a replica's /health."""
     ca_lifetime_seconds: float = 3650 * 86400.0
     """Lifetime of a Crew's CA (``CA_LIFETIME_SECONDS``); it is renewed, with a trust overlap,
-    once a third of it is left (``crew/ca_rotation.py``). Short values are for tests."""
+    once a third of it is left (``transport/ca_rotation.py``). Short values are for tests."""
     leaf_lifetime_seconds: float = 90 * 86400.0
     """Lifetime of serving and client certificates (``LEAF_LIFETIME_SECONDS``), cut at their
     CA's expiry; re-issued once a third of it is left."""

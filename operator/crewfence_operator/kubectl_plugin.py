@@ -43,13 +43,12 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from crewfence_operator import constants as c
-from crewfence_operator.crew import cert_manager_apply
-from crewfence_operator.crew import tls as crew_tls
-from crewfence_operator.crew.ca_rotation import CaState
 from crewfence_operator.crew.identity import CrewRef
-from crewfence_operator.crew.token_roll import sending_token
 from crewfence_operator.crewjob import resolution as res
 from crewfence_operator.crewjob import supersede
+from crewfence_operator.transport import cert_manager_apply, pki
+from crewfence_operator.transport.ca_rotation import CaState
+from crewfence_operator.transport.token_roll import sending_token
 
 FIELD_MANAGER = res.FIELD_MANAGER
 RERUN_RE = re.compile(r"^(?P<base>.+)-rerun(?:-(?P<n>\d+))?$")
@@ -299,7 +298,7 @@ def client_tls(kube: Kube, crew: str) -> tuple[ssl.SSLContext | None, str]:
     the Crew has neither (plain HTTP, an operator run with ``CREWFENCE_OPERATOR_SIDECAR_TLS=0``).
     A Secret the user may not read is skipped while the other one can be used; when neither
     can, the first refusal is what ``EvidenceUnavailable`` says."""
-    client_name = crew_tls.operator_client_secret_name(crew)
+    client_name = pki.operator_client_secret_name(crew)
     refused: list[EvidenceUnavailable] = []
     try:
         client_secret = _read_secret(kube, client_name,
@@ -312,7 +311,7 @@ def client_tls(kube: Kube, crew: str) -> tuple[ssl.SSLContext | None, str]:
             raise EvidenceUnavailable(f"not asked: Secret {kube.namespace}/{client_name} is "
                                       "not completely issued yet")
         return issued.context, "the Crew's client certificate"
-    ca_name = crew_tls.ca_secret_name(crew)
+    ca_name = pki.ca_secret_name(crew)
     try:
         ca_secret = _read_secret(kube, ca_name, "the Crew's CA (mutual TLS)")
     except EvidenceUnavailable as exc:
@@ -322,7 +321,7 @@ def client_tls(kube: Kube, crew: str) -> tuple[ssl.SSLContext | None, str]:
         if state is None:
             raise EvidenceUnavailable(f"not asked: Secret {kube.namespace}/{ca_name} holds no "
                                       "usable CA")
-        material = crew_tls.CrewClientTLS.for_ca(state.signing, state.trust)
+        material = pki.CrewClientTLS.for_ca(state.signing, state.trust)
         return material.context, "a client certificate of the Crew's CA"
     if refused:
         raise refused[0]
@@ -345,7 +344,7 @@ def sidecar_access(kube: Kube, crew: Mapping[str, Any], ordinal: int) -> Sidecar
     replica = next((r for r in parse_replicas(crew) if r.ordinal == ordinal), None)
     if replica is None or not replica.address:
         raise EvidenceUnavailable(f"replica {ordinal} has no address now")
-    server_name = crew_tls.replica_dns_name(CrewRef(name, kube.namespace, ""), ordinal) \
+    server_name = pki.replica_dns_name(CrewRef(name, kube.namespace, ""), ordinal) \
         if context is not None else None
     return SidecarAccess(replica.address, token, context, server_name, source)
 

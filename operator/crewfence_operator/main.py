@@ -12,9 +12,10 @@ from typing import Any
 
 import kopf
 
-from crewfence_operator import certs, config, readiness
+from crewfence_operator import config, readiness
 from crewfence_operator import constants as c
 from crewfence_operator.handlers import audit, crew, resolution, webhook
+from crewfence_operator.transport import certs
 
 try:  # the CrewJob half (OPERATOR-CREWJOB) registers its handlers on import
     from crewfence_operator.handlers import crewjob

@@ -27,7 +27,7 @@ OPERATOR_RULES: Final[list[PolicyRule]] = [
     {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "create"]},
     # Token Secret per Crew (created once; read back for /health and by the CrewJob handler);
     # with sidecar TLS also the Crew CA and each replica's TLS Secret, re-issued in place
-    # (update) before expiry (crew/tls_secrets.py).
+    # (update) before expiry (transport/pki_apply.py).
     {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create", "update"]},
     # Crews file per Crew; CrewJob full-output ConfigMaps (handlers/crewjob.py).
     {"apiGroups": [""], "resources": ["configmaps"],
@@ -55,7 +55,7 @@ WEBHOOK_MANAGED_RULES: Final[list[PolicyRule]] = [
 
 CERT_MANAGER_RULES: Final[list[PolicyRule]] = [
     # CREWFENCE_OPERATOR_CERT_SOURCE=cert-manager only (chart: certManager.enabled):
-    # crew/cert_manager_apply.py reads, creates and updates (replace) each Crew's Issuers and
+    # transport/cert_manager_apply.py reads, creates and updates (replace) each Crew's Issuers and
     # Certificates; cert-manager itself writes the Secrets (read with the Secret rule above).
     {"apiGroups": ["cert-manager.io"], "resources": ["issuers", "certificates"],
      "verbs": ["get", "create", "update"]},

@@ -45,7 +45,7 @@ from bench_sidecar import (
     start_sidecar,
     wait_listening,
 )
-from crewfence_operator import certs
+from crewfence_operator.transport import certs
 
 
 def _pki(base: Path) -> tuple[dict[str, str], ssl.SSLContext]:

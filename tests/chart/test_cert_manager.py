@@ -9,7 +9,7 @@ import pytest
 from chart_helpers import CHART, RELEASE, Helm, one
 from crewfence_operator import rbac
 from crewfence_operator.config import OperatorConfig
-from crewfence_operator.crew.cert_manager import CertManagerSettings, IssuerRef
+from crewfence_operator.transport.cert_manager import CertManagerSettings, IssuerRef
 from test_operator_contract import chart_triples, split_peering, triples
 from test_render import OPERATOR, env_of
 

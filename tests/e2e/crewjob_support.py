@@ -26,12 +26,12 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import yaml
-from crewfence_operator.crew import tls as crew_tls
-from crewfence_operator.crew.ca_rotation import CaState
-from crewfence_operator.crew.cert_manager import operator_client_name
-from crewfence_operator.crew.cert_manager_apply import client_tls_from_secret
 from crewfence_operator.crew.identity import CrewRef
-from crewfence_operator.crew.token_roll import sending_token
+from crewfence_operator.transport import pki
+from crewfence_operator.transport.ca_rotation import CaState
+from crewfence_operator.transport.cert_manager import operator_client_name
+from crewfence_operator.transport.cert_manager_apply import client_tls_from_secret
+from crewfence_operator.transport.token_roll import sending_token
 from harness import controlplane
 from harness.handles import Cluster, wait_until
 
@@ -168,7 +168,7 @@ class SidecarAccess:
     """Trusts the Crew's CA(s), presents a client certificate of it; None: plain HTTP."""
 
     def server_name(self, ordinal: int) -> str:
-        return crew_tls.replica_dns_name(CrewRef(self.crew, self.namespace, ""), ordinal)
+        return pki.replica_dns_name(CrewRef(self.crew, self.namespace, ""), ordinal)
 
     def request(self, replica: Mapping[str, Any], path: str, *, method: str = "GET",
                 body: bytes | None = None, headers: Mapping[str, str] | None = None,
@@ -210,9 +210,9 @@ def crew_access(cluster: Kubectl, namespace: str, crew: str) -> SidecarAccess:
     token = sending_token(crew_token(cluster, namespace, crew)) or ""
     context: ssl.SSLContext | None = None
     state = CaState.from_secret(
-        cluster.get_json("secret", crew_tls.ca_secret_name(crew), "-n", namespace))
+        cluster.get_json("secret", pki.ca_secret_name(crew), "-n", namespace))
     if state is not None:
-        context = crew_tls.CrewClientTLS.for_ca(state.signing, state.trust).context
+        context = pki.CrewClientTLS.for_ca(state.signing, state.trust).context
     else:
         issued = client_tls_from_secret(cluster.get_json(
             "secret", operator_client_name(crew), "-n", namespace))

@@ -131,7 +131,7 @@ def test_operator_keeps_the_chart_webhook_certificate(
         assert again["data"] == secret["data"]
 
         # A certificate within 30 days of expiry is renewed and its CA injected again.
-        from crewfence_operator import certs
+        from crewfence_operator.transport import certs
 
         short = certs.generate(tmp_path / "short", [f"{release}-crewfence-webhook"], days=10)
         data = {k: base64.b64encode(p.read_bytes()).decode() for k, p in

@@ -35,11 +35,11 @@ import aiohttp
 import pytest
 from crewfence_operator import constants as c
 from crewfence_operator.crew import credentials as pod_credentials
-from crewfence_operator.crew import tls as crew_tls
 from crewfence_operator.crew.identity import CrewRef
 from crewfence_operator.crew.pod import PodSettings, replica_pod
 from crewfence_operator.crew.resources import crews_configmap, token_secret
 from crewfence_operator.sidecar_client import Endpoint, SidecarClient
+from crewfence_operator.transport import pki
 from crewfence_sidecar.contract import Operation, StartRequest
 from cryptography import x509
 from harness import build
@@ -112,11 +112,11 @@ def scene(cluster: Cluster, kubelet_tool: Path,
     namespace = f"e2e-kubelet-volume-{os.urandom(3).hex()}"
     cluster.kubectl("create", "namespace", namespace, check=True)
     crew = CrewRef(name="research", namespace=namespace, uid="uid-kubelet")
-    ca = crew_tls.new_crew_ca(crew)
+    ca = pki.new_crew_ca(crew)
     objects = [
         token_secret(crew, TOKEN),
-        crew_tls.replica_tls_secret(crew, 0, ca, crew_tls.issue_serving(
-            ca, crew_tls.replica_hosts(crew, 0, "127.0.0.1"))),
+        pki.replica_tls_secret(crew, 0, ca, pki.issue_serving(
+            ca, pki.replica_hosts(crew, 0, "127.0.0.1"))),
         crews_configmap(crew, SPEC),
         {"apiVersion": "v1", "kind": "Secret",
          "metadata": {"name": "llm-key", "namespace": namespace},
@@ -215,19 +215,19 @@ def _served_serial(port: int, ca_pem: bytes, server_name: str) -> int:
 async def test_sidecar_serves_mtls_from_kubelet_files_and_follows_the_sync(
         scene: dict[str, Any], kubelet_sidecar: SidecarProcess) -> None:
     crew, ca = scene["crew"], scene["ca"]
-    name = crew_tls.replica_dns_name(crew, 0)
+    name = pki.replica_dns_name(crew, 0)
     async with aiohttp.ClientSession() as session:
         client = SidecarClient(session, Endpoint(
             f"127.0.0.1:{kubelet_sidecar.port}", TOKEN,
-            ssl_context=crew_tls.CrewClientTLS.for_ca(ca).context, server_name=name))
+            ssl_context=pki.CrewClientTLS.for_ca(ca).context, server_name=name))
         admission = await client.start(
             StartRequest(crew_id="research", action_id=f"{crew.namespace}/kubelet-1",
                          operation=Operation.RUN, input={"topic": "bees"}), "key-1")
         assert admission.http_status == 202
     before = _served_serial(kubelet_sidecar.port, ca.cert_pem, name)
 
-    renewed = crew_tls.replica_tls_secret(crew, 0, ca, crew_tls.issue_serving(
-        ca, crew_tls.replica_hosts(crew, 0, "127.0.0.1")))
+    renewed = pki.replica_tls_secret(crew, 0, ca, pki.issue_serving(
+        ca, pki.replica_hosts(crew, 0, "127.0.0.1")))
     renewed["metadata"].pop("ownerReferences", None)
     _apply(scene["cluster"], renewed, crew.namespace)
     _kubelet_write(scene["cluster"], scene["tool"], crew.namespace,

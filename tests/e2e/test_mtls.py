@@ -16,8 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from crewfence_operator import certs
-from crewfence_operator.crew import tls as crew_tls
+from crewfence_operator.transport import certs, pki
 from crewjob_support import (
     EXAMPLES,
     apply_file,
@@ -142,9 +141,9 @@ def test_who_the_sidecar_refuses(cluster: Cluster, research: str, tmp_path: Path
     address = _address(cluster, ns, 0)
     name0 = f"research-0.research.{ns}.svc"
     ca_pem = _secret_bytes(cluster, ns, "research-crewfence-ca", "ca.crt")
-    ca = crew_tls.ca_from_secret(cluster.get_json("secret", "research-crewfence-ca", "-n", ns))
+    ca = pki.ca_from_secret(cluster.get_json("secret", "research-crewfence-ca", "-n", ns))
     assert ca is not None
-    own_client = crew_tls.issue_operator_client(ca)
+    own_client = pki.issue_operator_client(ca)
 
     # The operator's kind of client: the Crew CA's client certificate and the token.
     status, _ = https_get(address, "/jobs/nothing-here", token,
@@ -158,7 +157,7 @@ def test_who_the_sidecar_refuses(cluster: Cluster, research: str, tmp_path: Path
     status, body = https_get(address, "/health", "", _context(ca_pem, None, tmp_path), name0)
     assert status == 200 and token not in body
     # A client certificate of another Crew's CA: refused by the handshake.
-    foreign = crew_tls.issue_operator_client(certs.new_ca("crewfence other/other"))
+    foreign = pki.issue_operator_client(certs.new_ca("crewfence other/other"))
     with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
         https_get(address, "/jobs/nothing-here", token,
              _context(ca_pem, foreign, tmp_path / "foreign"), name0)
@@ -376,9 +375,9 @@ def test_token_roll_while_20_jobs_run(cluster: Cluster, research: str, pod_runne
     new = crew_token(cluster, ns, "research")
     assert new != old and "\n" not in new.strip()
 
-    ca = crew_tls.ca_from_secret(cluster.get_json("secret", "research-crewfence-ca", "-n", ns))
+    ca = pki.ca_from_secret(cluster.get_json("secret", "research-crewfence-ca", "-n", ns))
     assert ca is not None
-    ctx = _context(ca.cert_pem, crew_tls.issue_operator_client(ca), tmp_path / "client")
+    ctx = _context(ca.cert_pem, pki.issue_operator_client(ca), tmp_path / "client")
     for o in (0, 1):
         address, name = _address(cluster, ns, o), f"research-{o}.research.{ns}.svc"
         assert https_get(address, "/jobs/nothing-here", new, ctx, name)[0] == 404

@@ -1,4 +1,4 @@
-"""Renewing a Crew's CA on the real control plane while CrewJobs run (``crew/ca_rotation.py``).
+"""Renewing a Crew's CA on the real control plane while CrewJobs run (``transport/ca_rotation.py``).
 
 ``kubectl annotate crew research crewfence.dev/rotate-ca=<id>``: the operator adds a new CA
 to every trust bundle, switches every certificate to it once every sidecar accepts it, and
@@ -21,10 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from crewfence_operator import certs
 from crewfence_operator.assignment import choose_ordinal
-from crewfence_operator.crew import ca_rotation
-from crewfence_operator.crew import tls as crew_tls
+from crewfence_operator.transport import ca_rotation, certs, pki
 from crewjob_support import (
     apply_obj,
     crew_token,
@@ -57,7 +55,7 @@ def _address(cluster: Cluster, ns: str, ordinal: int) -> str:
 
 
 def _context(trust: list[x509.Certificate], client: certs.Issued, tmp: Path) -> ssl.SSLContext:
-    ctx = ssl.create_default_context(cadata=crew_tls.bundle_pem(trust).decode())
+    ctx = ssl.create_default_context(cadata=pki.bundle_pem(trust).decode())
     tmp.mkdir(parents=True, exist_ok=True)
     (tmp / "c.crt").write_bytes(client.cert_pem)
     certs.write_private(tmp / "c.key", client.key_pem)
@@ -98,7 +96,7 @@ def test_ca_rotation_while_jobs_run(cluster: Cluster, pod_runner: PodRunner,
     token = crew_token(cluster, ns, "research")
     pids = {o: pod_runner.pid(ns, f"research-{o}") for o in (0, 1)}
     names = {o: f"research-{o}.research.{ns}.svc" for o in (0, 1)}
-    old_client = crew_tls.issue_operator_client(old.signing)
+    old_client = pki.issue_operator_client(old.signing)
     old_ctx = _context([old.signing.cert], old_client, tmp_path / "old")
     for o in (0, 1):  # the old CA's client certificate works before the rotation
         assert https_get(_address(cluster, ns, o), "/jobs/nothing-here", token, old_ctx,
@@ -137,10 +135,10 @@ def test_ca_rotation_while_jobs_run(cluster: Cluster, pod_runner: PodRunner,
     assert secret["metadata"]["annotations"][ca_rotation.ROTATION_ID_ANNOTATION] == "e2e-ca-1"
     for o in (0, 1):  # each replica's Secret: a certificate of the new CA, trusting it alone
         replica = cluster.get_json("secret", f"research-{o}-crewfence-tls", "-n", ns)
-        leaf = crew_tls.cert_from_secret(replica)
-        assert leaf is not None and crew_tls.signed_by(leaf, new.signing.cert)
-        assert crew_tls.fingerprints(crew_tls.trust_from_secret(replica)) == {
-            crew_tls.fingerprint(new.signing.cert)}
+        leaf = pki.cert_from_secret(replica)
+        assert leaf is not None and pki.signed_by(leaf, new.signing.cert)
+        assert pki.fingerprints(pki.trust_from_secret(replica)) == {
+            pki.fingerprint(new.signing.cert)}
 
     # Every job admitted across the rotation: succeeded, none uncertain.
     for name in jobs:
@@ -150,7 +148,7 @@ def test_ca_rotation_while_jobs_run(cluster: Cluster, pod_runner: PodRunner,
 
     # The sidecars refuse the old CA's client certificate once their files dropped it (the
     # kubelet's sync), and take the new CA's; no sidecar was restarted for any of it.
-    new_ctx = _context([new.signing.cert], crew_tls.issue_operator_client(new.signing),
+    new_ctx = _context([new.signing.cert], pki.issue_operator_client(new.signing),
                        tmp_path / "new")
     for o in (0, 1):
         address = _address(cluster, ns, o)
@@ -162,7 +160,7 @@ def test_ca_rotation_while_jobs_run(cluster: Cluster, pod_runner: PodRunner,
             time.sleep(1)
         assert pod_runner.pid(ns, f"research-{o}") == pids[o]
     # ... and a client that trusts the old CA alone no longer accepts the replicas.
-    old_only = _context([old.signing.cert], crew_tls.issue_operator_client(new.signing),
+    old_only = _context([old.signing.cert], pki.issue_operator_client(new.signing),
                         tmp_path / "old-trust")
     assert _refused(partial(https_get, _address(cluster, ns, 0), "/health", token, old_only,
                             names[0]))

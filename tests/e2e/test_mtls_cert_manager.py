@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 from crewfence_operator import rbac
-from crewfence_operator.crew import cert_manager as cm
-from crewfence_operator.crew import cert_manager_apply
+from crewfence_operator.transport import cert_manager as cm
+from crewfence_operator.transport import cert_manager_apply
 from crewjob_support import (
     SidecarAccess,
     apply_obj,

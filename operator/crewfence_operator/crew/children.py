@@ -12,14 +12,12 @@ from typing import Any
 
 from crewfence_operator import constants as c
 from crewfence_operator import kube
-from crewfence_operator.crew import tls_source
 from crewfence_operator.crew.identity import CrewRef, parse_ordinal, state_claim_labels
 from crewfence_operator.crew.pod import PodSettings, pod_claims, replica_pod
 from crewfence_operator.crew.resources import (
     claim_for_ordinal,
     crews_configmap,
     headless_service,
-    new_token,
     render_crews_file,
     state_claim,
     token_secret,
@@ -27,6 +25,8 @@ from crewfence_operator.crew.resources import (
 from crewfence_operator.crew.scaledown import RELEASED_ANNOTATION, RETAINED_ANNOTATION
 from crewfence_operator.crew.spec import CrewSpec
 from crewfence_operator.crew.template import pod_template_hash, stamp, template_hash
+from crewfence_operator.transport import cert_source
+from crewfence_operator.transport.token_roll import new_token
 
 
 class ChildError(RuntimeError):
@@ -170,10 +170,10 @@ def ensure(
         # Before any pod that mounts them: the Crew CA and each replica's certificate
         # (re-issued before expiry and once the pod's IP is known).
         try:
-            tls_source.ensure_replica_certificates(
+            cert_source.ensure_replica_certificates(
                 crew, sorted(set(range(spec.replicas)) | set(snap.pods)), snap.pods,
                 settings.cert_manager)
-        except tls_source.CertManagerUnavailable as exc:
+        except cert_source.CertManagerUnavailable as exc:
             raise ChildError(str(exc)) from None
     for ordinal in range(spec.replicas):
         if ordinal not in snap.claims:

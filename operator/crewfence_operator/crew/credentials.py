@@ -22,17 +22,17 @@ from __future__ import annotations
 from typing import Any, Final
 
 from crewfence_operator import constants as c
-from crewfence_operator.crew import tls as crew_tls
 from crewfence_operator.crew.identity import CrewRef
 from crewfence_operator.crew.resources import LLM_API_KEY_ENV
 from crewfence_operator.crew.spec import CrewSpec
+from crewfence_operator.transport import pki
 
 VOLUME: Final = "credentials"
 MOUNT: Final = "/etc/crewfence/credentials"
 TOKEN_FILE: Final = f"{MOUNT}/token"
-CERT_FILE: Final = f"{MOUNT}/{crew_tls.TLS_CERT_KEY}"
-KEY_FILE: Final = f"{MOUNT}/{crew_tls.TLS_KEY_KEY}"
-CA_FILE: Final = f"{MOUNT}/{crew_tls.CA_CERT_KEY}"
+CERT_FILE: Final = f"{MOUNT}/{pki.TLS_CERT_KEY}"
+KEY_FILE: Final = f"{MOUNT}/{pki.TLS_KEY_KEY}"
+CA_FILE: Final = f"{MOUNT}/{pki.CA_CERT_KEY}"
 LLM_KEY_PATH: Final = "llm-api-key"
 DEFAULT_MODE: Final = 0o400
 
@@ -41,10 +41,10 @@ def credentials_volume(crew: CrewRef, spec: CrewSpec, ordinal: int) -> dict[str,
     sources: list[dict[str, Any]] = [
         {"secret": {"name": c.token_secret_name(crew.name),
                     "items": [{"key": c.TOKEN_SECRET_KEY, "path": "token"}]}},
-        {"secret": {"name": crew_tls.replica_tls_secret_name(crew.name, ordinal),
-                    "items": [{"key": k, "path": k} for k in (crew_tls.TLS_CERT_KEY,
-                                                            crew_tls.TLS_KEY_KEY,
-                                                            crew_tls.CA_CERT_KEY)]}},
+        {"secret": {"name": pki.replica_tls_secret_name(crew.name, ordinal),
+                    "items": [{"key": k, "path": k} for k in (pki.TLS_CERT_KEY,
+                                                            pki.TLS_KEY_KEY,
+                                                            pki.CA_CERT_KEY)]}},
     ]
     ref = spec.llm.api_key_secret_ref
     if ref is not None:

@@ -6,7 +6,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from crewfence_operator import constants as c
-from crewfence_operator.crew.cert_manager import CertManagerSettings
 from crewfence_operator.crew.credentials import (
     credential_files_env,
     credentials_mount,
@@ -15,6 +14,7 @@ from crewfence_operator.crew.credentials import (
 from crewfence_operator.crew.identity import CrewRef, object_meta, replica_labels
 from crewfence_operator.crew.resources import LLM_API_KEY_ENV, claim_for_ordinal
 from crewfence_operator.crew.spec import CrewSpec, JournalBounds
+from crewfence_operator.transport.cert_manager import CertManagerSettings
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import secrets
 from typing import Any
 
 import yaml
@@ -17,10 +16,6 @@ from crewfence_operator.crew.identity import (
 from crewfence_operator.crew.spec import CrewSpec
 
 LLM_API_KEY_ENV = "CREWFENCE_LLM_API_KEY"
-
-
-def new_token() -> str:
-    return secrets.token_urlsafe(32)
 
 
 def token_secret(crew: CrewRef, token: str) -> dict[str, Any]:

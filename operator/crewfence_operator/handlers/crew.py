@@ -15,7 +15,7 @@ import kopf
 
 from crewfence_operator import config, kube, metrics
 from crewfence_operator import constants as c
-from crewfence_operator.crew import children, tls_secrets, tls_source, token_roll
+from crewfence_operator.crew import children
 from crewfence_operator.crew.fencing import ForeignMount
 from crewfence_operator.crew.identity import CrewRef
 from crewfence_operator.crew.model_credentials import decide as credentials_verdict
@@ -42,6 +42,7 @@ from crewfence_operator.crew.status import (
 from crewfence_operator.crew.template import pod_template_hash
 from crewfence_operator.handlers import audit
 from crewfence_operator.sidecar_client import Endpoint, SidecarClient, SidecarFailure
+from crewfence_operator.transport import cert_source, pki_apply, token_roll
 
 TlsFor = Callable[[int], dict[str, Any]]
 """Endpoint TLS arguments per replica ordinal (empty when sidecar TLS is off)."""
@@ -238,7 +239,7 @@ async def reconcile_once(
     if state.token is None:
         state.token = token_roll.sending_token(await asyncio.to_thread(
             kube.read_secret_value, namespace, c.token_secret_name(name), c.TOKEN_SECRET_KEY))
-    tls_for = await tls_source.endpoint_options_for(cfg, namespace, name)
+    tls_for = await cert_source.endpoint_options_for(cfg, namespace, name)
     healths = await _healths(session, snap.pods, state.token, cfg, tls_for)
     if cfg.sidecar_tls:  # token files are re-read by the sidecars: a roll is possible
         addresses = {o: a for o, pod in snap.pods.items()
@@ -252,8 +253,8 @@ async def reconcile_once(
                 kube.read_secret_value, namespace, c.token_secret_name(name),
                 c.TOKEN_SECRET_KEY))
         if cfg.cert_manager_settings() is None:  # the operator's own CA: renewed by it
-            ca_step = await tls_secrets.advance_ca_rotation(
-                session, tls_secrets.RotationContext(
+            ca_step = await pki_apply.advance_ca_rotation(
+                session, pki_apply.RotationContext(
                     crew=crew, crew_annotations=body["metadata"].get("annotations") or {},
                     ordinals=tuple(sorted(set(range(spec.replicas)) | set(snap.pods))),
                     pods=snap.pods, addresses=addresses, token=state.token))

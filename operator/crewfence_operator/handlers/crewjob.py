@@ -120,7 +120,7 @@ class KubeIO:
                 token = await asyncio.to_thread(kube.read_secret_value, namespace,
                                                 c.token_secret_name(crew), c.TOKEN_SECRET_KEY)
                 # During a token roll the Secret holds two lines: send the first one.
-                from crewfence_operator.crew.token_roll import sending_token
+                from crewfence_operator.transport.token_roll import sending_token
 
                 token = sending_token(token)
             self._cache[key] = (time.monotonic() + self.cache_seconds, obj, token)
@@ -143,9 +143,9 @@ class KubeIO:
 
     async def endpoint_options(self, namespace: str, crew: str,
                                ordinal: int) -> dict[str, Any]:
-        from crewfence_operator.crew import tls_source
+        from crewfence_operator.transport import cert_source
 
-        options = await tls_source.endpoint_options_for(config.current(), namespace, crew)
+        options = await cert_source.endpoint_options_for(config.current(), namespace, crew)
         return options(ordinal)
 
     def warn(self, body: Mapping[str, Any], reason: str, message: str) -> None:

@@ -28,11 +28,12 @@ from typing import Any
 
 import kopf
 
-from crewfence_operator import admission_install, certs, config, kube, metrics
+from crewfence_operator import admission_install, config, kube, metrics
 from crewfence_operator import constants as c
 from crewfence_operator.crew.fencing import StateClaimOwner, pod_rejection, state_claim_owner
 from crewfence_operator.crew.pod import pod_claims
 from crewfence_operator.crew.spec import SHARED_MODES
+from crewfence_operator.transport import certs
 
 FORBIDDEN = 403
 log = logging.getLogger(__name__)

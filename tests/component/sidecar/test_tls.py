@@ -1,7 +1,7 @@
 """The real ``crewfence-sidecar`` over mutual TLS: who gets in, rotation, plaintext refusal.
 
 Every test runs the executable as a child process on a real loopback socket, with
-certificates issued by the operator's own code (``crewfence_operator.certs``).
+certificates issued by the operator's own code (``crewfence_operator.transport.certs``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from crewfence_operator import certs
+from crewfence_operator.transport import certs
 from crewfence_sidecar.contract import job_path
 from sidecar_helpers import (
     SidecarProcess,

@@ -1,6 +1,6 @@
 """A CA rotation against a real sidecar process whose files change the way the kubelet
-changes them, late: the rotation's decisions (``crew/ca_rotation.py``) fed with the real
-probes (``tls_secrets.probe_replica``) wait while the sidecar's files lag behind the Secret,
+changes them, late: the rotation's decisions (``transport/ca_rotation.py``) fed with the real
+probes (``pki_apply.probe_replica``) wait while the sidecar's files lag behind the Secret,
 go on once they caught up, and the operator's material of every phase keeps working against
 the sidecar in the state it may be in meanwhile. Afterwards the old CA opens nothing."""
 
@@ -16,20 +16,18 @@ from typing import Any
 
 import aiohttp
 import pytest
-from crewfence_operator import certs
-from crewfence_operator.crew import ca_rotation as rot
-from crewfence_operator.crew import tls as crew_tls
-from crewfence_operator.crew import tls_secrets
 from crewfence_operator.crew.identity import CrewRef
 from crewfence_operator.sidecar_client import Endpoint, SidecarClient, SidecarFailure
+from crewfence_operator.transport import ca_rotation as rot
+from crewfence_operator.transport import certs, pki, pki_apply
 from crewfence_sidecar.contract import FailureCategory, Operation, StartRequest
 from sidecar_helpers import SidecarProcess, sidecar_env, write_crews
 from tls_pki import ProjectedDir
 
 CREW = CrewRef(name="research", namespace="team-a", uid="uid-1")
 TOKEN = "operator-token-ca-rotation-0123"
-HOSTS = tuple(crew_tls.replica_hosts(CREW, 0, "127.0.0.1"))
-NAME = crew_tls.replica_dns_name(CREW, 0)
+HOSTS = tuple(pki.replica_hosts(CREW, 0, "127.0.0.1"))
+NAME = pki.replica_dns_name(CREW, 0)
 
 
 class Replica:
@@ -60,19 +58,19 @@ class Replica:
 
 def _secret(state: rot.CaState, existing: dict[str, Any] | None) -> dict[str, Any]:
     """The replica's Secret as ``ensure_replica_secrets`` leaves it for ``state``."""
-    wanted = crew_tls.desired_replica_secret(CREW, 0, existing, crew_tls.ReplicaIssue(
+    wanted = pki.desired_replica_secret(CREW, 0, existing, pki.ReplicaIssue(
         ca=state.signing, trust=tuple(state.trust), hosts=HOSTS, now=dt.datetime.now(dt.UTC)))
     return wanted[1] if wanted is not None else dict(existing or {})
 
 
 @pytest.fixture(scope="module")
 def ca_a() -> certs.Issued:
-    return crew_tls.new_crew_ca(CREW)
+    return pki.new_crew_ca(CREW)
 
 
 @pytest.fixture(scope="module")
 def ca_b() -> certs.Issued:
-    return crew_tls.new_crew_ca(CREW)
+    return pki.new_crew_ca(CREW)
 
 
 @pytest.fixture
@@ -87,7 +85,7 @@ def replica(tmp_path: Path, ca_a: certs.Issued) -> Iterator[Replica]:
 
 
 async def _answers(session: aiohttp.ClientSession, replica: Replica,
-                   material: crew_tls.CrewClientTLS) -> bool:
+                   material: pki.CrewClientTLS) -> bool:
     """A call as the operator makes it, on a fresh connection (a fresh handshake)."""
     client = SidecarClient(session, Endpoint(replica.address, TOKEN,
                                              ssl_context=material.context, server_name=NAME))
@@ -100,16 +98,16 @@ async def _answers(session: aiohttp.ClientSession, replica: Replica,
 
 
 async def _step(session: aiohttp.ClientSession, replica: Replica, state: rot.CaState,
-                secret: dict[str, Any], operator: crew_tls.CrewClientTLS,
+                secret: dict[str, Any], operator: pki.CrewClientTLS,
                 make_ca: Any = None) -> rot.CaStep | None:
     plan = rot.probe_plan(state)
     probe: bool | None = None
     if plan is not None:
-        probe = await tls_secrets.probe_replica(session, replica.address, TOKEN,
-                                                tls_secrets.probe_tls(plan), NAME)
+        probe = await pki_apply.probe_replica(session, replica.address, TOKEN,
+                                                pki_apply.probe_tls(plan), NAME)
     view = rot.ReplicaView(
-        trust=crew_tls.fingerprints(crew_tls.trust_from_secret(secret)),
-        leaf_issuer=crew_tls.issuer_among(crew_tls.cert_from_secret(secret), state.trust),
+        trust=pki.fingerprints(pki.trust_from_secret(secret)),
+        leaf_issuer=pki.issuer_among(pki.cert_from_secret(secret), state.trust),
         probe=probe)
     obs = rot.CaObservation(ca=state, replicas={0: view},
                             operator=rot.OperatorView(operator.client_issuer, operator.trusted),
@@ -122,7 +120,7 @@ async def test_rotation_waits_for_the_files_and_never_loses_the_replica(
     pid = replica.proc.proc.pid if replica.proc.proc else None
     stable = rot.CaState(signing=ca_a)
     s0 = _secret(stable, None)
-    m0 = crew_tls.CrewClientTLS.for_ca(stable.signing, stable.trust)
+    m0 = pki.CrewClientTLS.for_ca(stable.signing, stable.trust)
     # Fresh connections per call: a pooled connection would not prove a new handshake.
     connector = aiohttp.TCPConnector(force_close=True)
     async with aiohttp.ClientSession(connector=connector) as session:
@@ -133,7 +131,7 @@ async def test_rotation_waits_for_the_files_and_never_loses_the_replica(
         # trusting: the Secret has [A, B]; the sidecar's files do not yet.
         s1_state = step.state
         s1 = _secret(s1_state, s0)
-        m1 = crew_tls.CrewClientTLS.for_ca(s1_state.signing, s1_state.trust)
+        m1 = pki.CrewClientTLS.for_ca(s1_state.signing, s1_state.trust)
         assert await _step(session, replica, s1_state, s1, m1) is None  # files lag: wait
         assert await _answers(session, replica, m1)
         replica.sync(s1)
@@ -143,7 +141,7 @@ async def test_rotation_waits_for_the_files_and_never_loses_the_replica(
         # switching: the Secret has a certificate of B; the sidecar still serves A's.
         s2_state = step.state
         s2 = _secret(s2_state, s1)
-        m2 = crew_tls.CrewClientTLS.for_ca(s2_state.signing, s2_state.trust)
+        m2 = pki.CrewClientTLS.for_ca(s2_state.signing, s2_state.trust)
         assert await _step(session, replica, s2_state, s2, m2) is None  # files lag: wait
         for material in (m1, m2):  # a call in flight with either material gets through
             assert await _answers(session, replica, material)
@@ -163,7 +161,7 @@ async def test_rotation_waits_for_the_files_and_never_loses_the_replica(
         # done: [B] alone. Before the files follow, the new material already works.
         s3_state = step.state
         s3 = _secret(s3_state, s2)
-        m3 = crew_tls.CrewClientTLS.for_ca(s3_state.signing, s3_state.trust)
+        m3 = pki.CrewClientTLS.for_ca(s3_state.signing, s3_state.trust)
         assert await _answers(session, replica, m3)
         replica.sync(s3)
         assert await _answers(session, replica, m3)
@@ -198,7 +196,7 @@ def test_a_resumed_tls12_session_does_not_outlive_its_ca(
     """A TLS 1.2 session made with the old CA's client certificate could be resumed after the
     old CA left the client-CA file (the resumption skips verification): the sidecar does not
     count a resumed session as a client certificate."""
-    client = crew_tls.issue_operator_client(ca_a)
+    client = pki.issue_operator_client(ca_a)
     (tmp_path / "c.crt").write_bytes(client.cert_pem)
     certs.write_private(tmp_path / "c.key", client.key_pem)
     ctx = ssl.create_default_context(cadata=ca_a.cert_pem.decode())

@@ -21,11 +21,11 @@ import aiohttp
 import pytest
 from crewfence_operator import constants as c
 from crewfence_operator.crew import credentials as pod_credentials
-from crewfence_operator.crew import tls as crew_tls
 from crewfence_operator.crew.identity import CrewRef
 from crewfence_operator.crew.pod import PodSettings, replica_pod
 from crewfence_operator.crew.resources import crews_configmap, token_secret
 from crewfence_operator.sidecar_client import Endpoint, SidecarClient
+from crewfence_operator.transport import pki
 from crewfence_sidecar.contract import Operation, StartRequest
 from sidecar_helpers import SidecarProcess
 
@@ -61,20 +61,20 @@ class SecretStore:
 
 
 @pytest.fixture(scope="module")
-def crew_ca() -> crew_tls.certs.Issued:
-    return crew_tls.new_crew_ca(CREW)
+def crew_ca() -> pki.certs.Issued:
+    return pki.new_crew_ca(CREW)
 
 
 @pytest.fixture(scope="module")
 def pod_files(tmp_path_factory: pytest.TempPathFactory,
-              crew_ca: crew_tls.certs.Issued) -> tuple[dict[str, str], Path]:
+              crew_ca: pki.certs.Issued) -> tuple[dict[str, str], Path]:
     root = tmp_path_factory.mktemp("pod")
     pod = replica_pod(CREW, SPEC, 0, PodSettings(sidecar_tls=True))
     pod["metadata"]["uid"] = "pod-uid"
-    leaf = crew_tls.issue_serving(crew_ca, crew_tls.replica_hosts(CREW, 0, "127.0.0.1"))
+    leaf = pki.issue_serving(crew_ca, pki.replica_hosts(CREW, 0, "127.0.0.1"))
     store = SecretStore([
         token_secret(CREW, TOKEN),
-        crew_tls.replica_tls_secret(CREW, 0, crew_ca, leaf),
+        pki.replica_tls_secret(CREW, 0, crew_ca, leaf),
         crews_configmap(CREW, SPEC),
         {"kind": "Secret", "metadata": {"name": "llm-key", "namespace": "team-a"},
          "data": {"apiKey": base64.b64encode(LLM_KEY.encode()).decode()}},
@@ -101,7 +101,7 @@ def pod_files(tmp_path_factory: pytest.TempPathFactory,
     return env, root / "volumes" / pod_credentials.VOLUME
 
 
-def test_no_secret_in_the_pod_environment(crew_ca: crew_tls.certs.Issued) -> None:
+def test_no_secret_in_the_pod_environment(crew_ca: pki.certs.Issued) -> None:
     pod = replica_pod(CREW, SPEC, 0, PodSettings(sidecar_tls=True))
     container = pod["spec"]["containers"][0]
     names = {e["name"] for e in container["env"]}
@@ -153,13 +153,13 @@ def pod_sidecar(tmp_path_factory: pytest.TempPathFactory,
 
 
 async def test_sidecar_serves_mutual_tls_from_the_pods_files(
-        pod_sidecar: SidecarProcess, crew_ca: crew_tls.certs.Issued,
+        pod_sidecar: SidecarProcess, crew_ca: pki.certs.Issued,
         pod_files: tuple[dict[str, str], Path]) -> None:
-    client_tls = crew_tls.CrewClientTLS.for_ca(crew_ca)
+    client_tls = pki.CrewClientTLS.for_ca(crew_ca)
     async with aiohttp.ClientSession() as session:
         client = SidecarClient(session, Endpoint(
             f"127.0.0.1:{pod_sidecar.port}", TOKEN, ssl_context=client_tls.context,
-            server_name=crew_tls.replica_dns_name(CREW, 0)))
+            server_name=pki.replica_dns_name(CREW, 0)))
         admission = await client.start(
             StartRequest(crew_id="research", action_id="team-a/pod-1", operation=Operation.RUN,
                          input={"topic": "bees"}), "key-1")

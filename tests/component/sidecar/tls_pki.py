@@ -1,7 +1,8 @@
 """Test PKI for the mutual-TLS component tests: a Crew CA, another CA, certificates as files.
 
-The certificates come from the operator's own issuing code (``crewfence_operator.certs``), so
-these tests also exercise what the operator writes into a Crew's Secret.
+The certificates come from the operator's own issuing code
+(``crewfence_operator.transport.certs``), so these tests also exercise what the operator writes
+into a Crew's Secret.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
-from crewfence_operator import certs
+from crewfence_operator.transport import certs
 from cryptography import x509
 
 

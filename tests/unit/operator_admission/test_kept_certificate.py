@@ -7,7 +7,8 @@ import base64
 import datetime as dt
 from pathlib import Path
 
-from crewfence_operator import admission_install, certs
+from crewfence_operator import admission_install
+from crewfence_operator.transport import certs
 
 NAMES = admission_install.service_dns_names("cf-crewfence-webhook", "crewfence-system")
 NOW = dt.datetime.now(dt.UTC)

@@ -15,13 +15,13 @@ from crewfence_operator.crew.resources import (
     LLM_API_KEY_ENV,
     crews_configmap,
     headless_service,
-    new_token,
     render_crews_file,
     state_claim,
     token_secret,
 )
 from crewfence_operator.crew.spec import JournalBounds, SpecError, parse_spec
 from crewfence_operator.crew.template import pod_template_hash
+from crewfence_operator.transport.token_roll import new_token
 
 
 def _env(pod: dict[str, Any]) -> dict[str, Any]:

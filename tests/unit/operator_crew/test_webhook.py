@@ -9,9 +9,10 @@ from typing import Any
 
 import kopf
 import pytest
-from crewfence_operator import certs, kube
+from crewfence_operator import kube
 from crewfence_operator.config import WebhookConfig, WebhookMode
 from crewfence_operator.handlers import webhook
+from crewfence_operator.transport import certs
 
 
 def test_shared_access_modes_named() -> None:

@@ -1,13 +1,13 @@
 """Mutual TLS certificates from cert-manager: which Issuers and Certificates a Crew needs.
 
-The other certificate source (``crew/tls.py``) has the operator sign everything itself. With
+The other certificate source (``transport/pki.py``) has the operator sign everything itself. With
 cert-manager (operator setting ``CREWFENCE_OPERATOR_CERT_SOURCE=cert-manager``, chart value
 ``certManager.enabled``) the operator only declares cert-manager resources and cert-manager
-writes the Secrets. Pure functions over observed objects; ``crew/cert_manager_apply.py``
+writes the Secrets. Pure functions over observed objects; ``transport/cert_manager_apply.py``
 carries out what they decide. Invariants kept here:
 
 * **The same files on disk.** Each replica's Certificate writes the Secret the pod already
-  mounts (``crew_tls.replica_tls_secret_name``) with the keys ``tls.crt``, ``tls.key`` and
+  mounts (``pki.replica_tls_secret_name``) with the keys ``tls.crt``, ``tls.key`` and
   ``ca.crt`` that cert-manager writes for a CA issuer, so the pod spec and the sidecar's code
   path do not depend on the certificate source (``desired_objects``).
 * **One CA per Crew.** Without an issuer reference the operator declares, per Crew, a
@@ -18,7 +18,7 @@ carries out what they decide. Invariants kept here:
   and a long lifetime: when cert-manager renews it, the certificates it already signed still
   verify, so a replica and the operator never disagree about the CA.
 * **The name is checked, not just the CA.** Each replica's certificate names the pod's DNS
-  name under the headless Service (``crew_tls.replica_dns_name``, what the operator verifies
+  name under the headless Service (``pki.replica_dns_name``, what the operator verifies
   on every call) and, once known, its IP.
 * **Owned by the Crew.** Every Issuer and Certificate carries the Crew's owner reference and
   labels (the Secrets carry the labels through ``secretTemplate``), so they go with it.
@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Final
 
-from crewfence_operator.crew import tls as crew_tls
 from crewfence_operator.crew.identity import CrewRef, crew_labels, object_meta, replica_labels
+from crewfence_operator.transport import pki
 
 GROUP: Final = "cert-manager.io"
 VERSION: Final = "v1"
@@ -43,9 +43,9 @@ ISSUER_PLURAL: Final = "issuers"
 CERTIFICATE_PLURAL: Final = "certificates"
 PLURALS: Final = {"Issuer": ISSUER_PLURAL, "Certificate": CERTIFICATE_PLURAL}
 
-CA_DURATION: Final = "87600h"  # ten years, as the operator's own CA (crew/tls.py)
+CA_DURATION: Final = "87600h"  # ten years, as the operator's own CA (transport/pki.py)
 CA_RENEW_BEFORE: Final = "29200h"  # a third left
-LEAF_DURATION: Final = "2160h"  # 90 days, as crew/tls.py
+LEAF_DURATION: Final = "2160h"  # 90 days, as transport/pki.py
 LEAF_RENEW_BEFORE: Final = "720h"  # a third left
 MAX_COMMON_NAME: Final = 64
 KEY: Final = {"algorithm": "ECDSA", "size": 256}
@@ -53,7 +53,7 @@ KEY: Final = {"algorithm": "ECDSA", "size": 256}
 
 class CertSource(StrEnum):
     OPERATOR = "operator"
-    """The operator signs with a CA it keeps per Crew (``crew/tls.py``)."""
+    """The operator signs with a CA it keeps per Crew (``transport/pki.py``)."""
     CERT_MANAGER = "cert-manager"
     """cert-manager signs; the operator declares Issuers and Certificates (this module)."""
 
@@ -106,12 +106,12 @@ def ca_name(crew: str) -> str:
 
 def replica_certificate_name(crew: str, ordinal: int) -> str:
     """Named like the Secret it writes: the one the pod mounts in either source."""
-    return crew_tls.replica_tls_secret_name(crew, ordinal)
+    return pki.replica_tls_secret_name(crew, ordinal)
 
 
 def operator_client_name(crew: str) -> str:
     """The operator's client Certificate and its Secret."""
-    return crew_tls.operator_client_secret_name(crew)
+    return pki.operator_client_secret_name(crew)
 
 
 def leaf_issuer(crew: str, settings: CertManagerSettings) -> dict[str, str]:
@@ -155,9 +155,9 @@ def replica_certificate(crew: CrewRef, ordinal: int, pod_ip: str | None,
                         settings: CertManagerSettings) -> dict[str, Any]:
     labels = replica_labels(crew, ordinal)
     spec: dict[str, Any] = {
-        "secretName": crew_tls.replica_tls_secret_name(crew.name, ordinal),
+        "secretName": pki.replica_tls_secret_name(crew.name, ordinal),
         "secretTemplate": {"labels": labels},
-        "dnsNames": [crew_tls.replica_dns_name(crew, ordinal)],
+        "dnsNames": [pki.replica_dns_name(crew, ordinal)],
         "duration": settings.leaf_duration,
         "renewBefore": settings.leaf_renew_before,
         "privateKey": {**KEY, "rotationPolicy": "Always"},
@@ -175,7 +175,7 @@ def operator_client_certificate(crew: CrewRef, settings: CertManagerSettings) ->
     return _obj(crew, "Certificate", name, labels, {
         "secretName": name,
         "secretTemplate": {"labels": labels},
-        "commonName": crew_tls.OPERATOR_CLIENT_NAME,
+        "commonName": pki.OPERATOR_CLIENT_NAME,
         "duration": settings.leaf_duration,
         "renewBefore": settings.leaf_renew_before,
         "privateKey": {**KEY, "rotationPolicy": "Always"},

@@ -1,11 +1,11 @@
-"""Carry out ``crew/tls.py``'s and ``crew/ca_rotation.py``'s decisions against the API server:
+"""Carry out ``pki.py``'s and ``ca_rotation.py``'s decisions against the API server:
 the Crew CA Secret (and its rotation), each replica's TLS Secret, and the operator's client
 TLS per Crew (cached in memory, dropped whenever this process rewrites the CA Secret).
 
 Blocking Kubernetes calls: call the sync functions from a thread (``asyncio.to_thread``), as
-``children.ensure`` already runs. Invariants (named in ``crew/tls.py``): one CA per Crew kept
-in a Secret the Crew owns; certificates re-issued before expiry or when their names change;
-keys are never logged; the CA rotation's invariants are named in ``crew/ca_rotation.py``.
+``children.ensure`` already runs. Invariants (named in ``pki.py``): one CA per Crew kept in a
+Secret the Crew owns; certificates re-issued before expiry or when their names change; keys are
+never logged; the CA rotation's invariants are named in ``ca_rotation.py``.
 
 Where certificates come from is behind ``ensure_ca_state`` (the CA and trust bundle) and
 ``ensure_replica_secrets`` (the replicas' certificates).
@@ -24,11 +24,10 @@ from typing import Any, Final
 import aiohttp
 from kubernetes.client.exceptions import ApiException
 
-from crewfence_operator import certs, config, kube
-from crewfence_operator.crew import ca_rotation
-from crewfence_operator.crew import tls as crew_tls
+from crewfence_operator import config, kube
 from crewfence_operator.crew.identity import CrewRef
 from crewfence_operator.sidecar_client import Endpoint, SidecarClient, SidecarFailure, Timeouts
+from crewfence_operator.transport import ca_rotation, certs, pki
 
 log = logging.getLogger("crewfence.operator.tls")
 
@@ -60,12 +59,12 @@ class Lifetimes:
 def ensure_ca_state(crew: CrewRef) -> ca_rotation.CaState:
     """The Crew's CA Secret as a rotation state: read, created when absent. A racing creator
     wins and its CA is used (the create answers 409; the Secret is read back)."""
-    name = crew_tls.ca_secret_name(crew.name)
+    name = pki.ca_secret_name(crew.name)
     state = ca_rotation.CaState.from_secret(_read_secret(crew.namespace, name))
     if state is not None:
         return state
-    fresh = crew_tls.new_crew_ca(crew, Lifetimes.current().ca)
-    if kube.create_if_absent(crew_tls.ca_secret(crew, fresh)):
+    fresh = pki.new_crew_ca(crew, Lifetimes.current().ca)
+    if kube.create_if_absent(pki.ca_secret(crew, fresh)):
         log.info("created the CA of Crew %s/%s", crew.namespace, crew.name)
         return ca_rotation.CaState(signing=fresh)
     again = ca_rotation.CaState.from_secret(_read_secret(crew.namespace, name))
@@ -91,7 +90,7 @@ def ensure_replica_secrets(crew: CrewRef, ordinals: Iterable[int],
                            pods: Mapping[int, Mapping[str, Any]],
                            state: ca_rotation.CaState | None = None) -> list[str]:
     """Create or re-issue each replica's TLS Secret, and the Crew's client-certificate Secret
-    (``crew_tls.desired_client_secret``); returns ``"<ordinal>:<reason>"`` for each replica
+    (``pki.desired_client_secret``); returns ``"<ordinal>:<reason>"`` for each replica
     Secret written and ``"client:<reason>"`` for the client one (nothing is written while it
     is good). A certificate is issued by the signing CA; ``ca.crt`` is the trust bundle of
     the CA Secret's state (``state``, read when not given); a Secret whose certificate is good
@@ -103,16 +102,16 @@ def ensure_replica_secrets(crew: CrewRef, ordinals: Iterable[int],
     now = dt.datetime.now(dt.UTC)
     written: list[str] = []
     for ordinal in ordinals:
-        name = crew_tls.replica_tls_secret_name(crew.name, ordinal)
+        name = pki.replica_tls_secret_name(crew.name, ordinal)
         existing = _read_secret(crew.namespace, name)
-        hosts = crew_tls.replica_hosts(crew, ordinal, pod_ip(pods.get(ordinal)))
-        wanted = crew_tls.desired_replica_secret(crew, ordinal, existing, crew_tls.ReplicaIssue(
+        hosts = pki.replica_hosts(crew, ordinal, pod_ip(pods.get(ordinal)))
+        wanted = pki.desired_replica_secret(crew, ordinal, existing, pki.ReplicaIssue(
             ca=ca, trust=tuple(trust), hosts=tuple(hosts), now=now, lifetime=lifetimes.leaf))
         if wanted is not None and _write_secret(crew, existing, wanted[1]):
             written.append(f"{ordinal}:{wanted[0]}")
-    name = crew_tls.operator_client_secret_name(crew.name)
+    name = pki.operator_client_secret_name(crew.name)
     existing = _read_secret(crew.namespace, name)
-    wanted = crew_tls.desired_client_secret(crew, existing, crew_tls.ReplicaIssue(
+    wanted = pki.desired_client_secret(crew, existing, pki.ReplicaIssue(
         ca=ca, trust=tuple(trust), hosts=(), now=now, lifetime=lifetimes.leaf))
     if wanted is not None and _write_secret(crew, existing, wanted[1]):
         written.append(f"client:{wanted[0]}")
@@ -140,23 +139,23 @@ def _write_secret(crew: CrewRef, existing: Mapping[str, Any] | None,
 
 
 # --- the operator's side of the connection --------------------------------------------------------
-_clients: dict[tuple[str, str], tuple[float, crew_tls.CrewClientTLS]] = {}
+_clients: dict[tuple[str, str], tuple[float, pki.CrewClientTLS]] = {}
 
 
-def _client_tls(namespace: str, crew: str) -> crew_tls.CrewClientTLS | None:
+def _client_tls(namespace: str, crew: str) -> pki.CrewClientTLS | None:
     key = (namespace, crew)
     now = time.monotonic()
     cached = _clients.get(key)
     if cached is not None and cached[0] > now:
         return cached[1]
     state = ca_rotation.CaState.from_secret(
-        _read_secret(namespace, crew_tls.ca_secret_name(crew)))
+        _read_secret(namespace, pki.ca_secret_name(crew)))
     if state is None:
         return None
     material = cached[1] if cached is not None else None
     if material is None or not material.still_good(state.signing, dt.datetime.now(dt.UTC),
                                                    state.trust):
-        material = crew_tls.CrewClientTLS.for_ca(state.signing, state.trust,
+        material = pki.CrewClientTLS.for_ca(state.signing, state.trust,
                                                  Lifetimes.current().leaf)
     _clients[key] = (now + CLIENT_CACHE_SECONDS, material)
     return material
@@ -170,7 +169,7 @@ def forget_client_tls(namespace: str, crew: str) -> None:
         _clients[(namespace, crew)] = (0.0, cached[1])
 
 
-async def client_tls(namespace: str, crew: str) -> crew_tls.CrewClientTLS | None:
+async def client_tls(namespace: str, crew: str) -> pki.CrewClientTLS | None:
     """The SSL context that trusts this Crew's CA and presents the operator's client
     certificate of it; None while the Crew has no CA yet (then nothing is sent)."""
     key = (namespace, crew)
@@ -180,38 +179,38 @@ async def client_tls(namespace: str, crew: str) -> crew_tls.CrewClientTLS | None
     return await asyncio.to_thread(_client_tls, namespace, crew)
 
 
-def endpoint_tls(material: crew_tls.CrewClientTLS | None, namespace: str, crew: str,
+def endpoint_tls(material: pki.CrewClientTLS | None, namespace: str, crew: str,
                  ordinal: int) -> dict[str, Any]:
     """Keyword arguments for ``sidecar_client.Endpoint``: the context and the replica name
     to verify (empty when TLS is off)."""
     if material is None:
         return {}
     return {"ssl_context": material.context,
-            "server_name": crew_tls.replica_dns_name(CrewRef(crew, namespace, ""), ordinal)}
+            "server_name": pki.replica_dns_name(CrewRef(crew, namespace, ""), ordinal)}
 
 
-# --- renewing the CA (crew/ca_rotation.py decides) ----------------------------------------------
+# --- renewing the CA (ca_rotation.py decides) ----------------------------------------------------
 PROBE_ACTION_ID: Final = "crewfence-ca-probe"
 PROBE_TIMEOUTS: Final = Timeouts(connect=3.0, read=5.0)
 """A replica that hangs holds the rotation (it has not proved anything), not the pass."""
-_probe_material: dict[tuple[str, str], crew_tls.CrewClientTLS] = {}
+_probe_material: dict[tuple[str, str], pki.CrewClientTLS] = {}
 """Per (CA fingerprint, bundle fingerprints): the probe's client certificate and context."""
 
 
-def probe_tls(plan: ca_rotation.ProbePlan) -> crew_tls.CrewClientTLS:
-    key = (crew_tls.fingerprint(plan.client_ca.cert),
-           ",".join(sorted(crew_tls.fingerprints(plan.verify))))
+def probe_tls(plan: ca_rotation.ProbePlan) -> pki.CrewClientTLS:
+    key = (pki.fingerprint(plan.client_ca.cert),
+           ",".join(sorted(pki.fingerprints(plan.verify))))
     material = _probe_material.get(key)
     if material is None:
         if len(_probe_material) > 64:
             _probe_material.clear()
-        material = crew_tls.CrewClientTLS.for_ca(plan.client_ca, plan.verify)
+        material = pki.CrewClientTLS.for_ca(plan.client_ca, plan.verify)
         _probe_material[key] = material
     return material
 
 
 async def probe_replica(session: aiohttp.ClientSession, address: str | None,
-                        token: str | None, material: crew_tls.CrewClientTLS,
+                        token: str | None, material: pki.CrewClientTLS,
                         server_name: str) -> bool:
     """A request over a fresh handshake with the probe's material: answered (a 404 for the
     probe's action id counts) means the replica took the handshake both ways."""
@@ -231,10 +230,10 @@ def _observe_replicas(crew: CrewRef, state: ca_rotation.CaState,
     cas = state.trust
     seen: dict[int, tuple[frozenset[str], str | None]] = {}
     for ordinal in ordinals:
-        secret = _read_secret(crew.namespace, crew_tls.replica_tls_secret_name(crew.name,
+        secret = _read_secret(crew.namespace, pki.replica_tls_secret_name(crew.name,
                                                                                 ordinal))
-        seen[ordinal] = (crew_tls.fingerprints(crew_tls.trust_from_secret(secret)),
-                         crew_tls.issuer_among(crew_tls.cert_from_secret(secret), cas))
+        seen[ordinal] = (pki.fingerprints(pki.trust_from_secret(secret)),
+                         pki.issuer_among(pki.cert_from_secret(secret), cas))
     return seen
 
 
@@ -275,7 +274,7 @@ def _quiet(crew: CrewRef, requested: str | None, now: dt.datetime) -> bool:
         return False
     if requested and requested != rotation_id:
         return False
-    return crew_tls.ca_renewal_reason(material.ca, now) is None
+    return pki.ca_renewal_reason(material.ca, now) is None
 
 
 @dataclass(frozen=True)
@@ -301,7 +300,7 @@ async def advance_ca_rotation(session: aiohttp.ClientSession,
     requested = ctx.crew_annotations.get(ca_rotation.ROTATE_ANNOTATION)
     if _quiet(crew, requested, now):
         return None
-    name = crew_tls.ca_secret_name(crew.name)
+    name = pki.ca_secret_name(crew.name)
     secret = await asyncio.to_thread(_read_secret, crew.namespace, name)
     state = ca_rotation.CaState.from_secret(secret)
     if secret is None or state is None:
@@ -309,7 +308,7 @@ async def advance_ca_rotation(session: aiohttp.ClientSession,
     key = (crew.namespace, crew.name)
     _settled.pop(key, None)
     if state.phase == "stable" and ca_rotation.rotation_due(state, requested, now) is None:
-        _settled[key] = (state.rotation_id, crew_tls.fingerprint(state.signing.cert))
+        _settled[key] = (state.rotation_id, pki.fingerprint(state.signing.cert))
         return None
     await asyncio.to_thread(ensure_replica_secrets, crew, ctx.ordinals, ctx.pods, state)
     views = await asyncio.to_thread(_observe_replicas, crew, state, ctx.ordinals)
@@ -321,7 +320,7 @@ async def advance_ca_rotation(session: aiohttp.ClientSession,
                 if not (pod.get("metadata") or {}).get("deletionTimestamp")]
         answers = await asyncio.gather(*(
             probe_replica(session, ctx.addresses.get(o), ctx.token, material,
-                          crew_tls.replica_dns_name(crew, o)) for o in live))
+                          pki.replica_dns_name(crew, o)) for o in live))
         probes.update(zip(live, answers, strict=True))
     own = await client_tls(crew.namespace, crew.name)
     obs = ca_rotation.CaObservation(
@@ -333,7 +332,7 @@ async def advance_ca_rotation(session: aiohttp.ClientSession,
                                            trusted=own.trusted) if own else None),
         requested=requested, now=now)
     lifetime = Lifetimes.current().ca
-    step = ca_rotation.decide(obs, lambda: crew_tls.new_crew_ca(crew, lifetime))
+    step = ca_rotation.decide(obs, lambda: pki.new_crew_ca(crew, lifetime))
     if step is None:
         waiting = "; ".join(ca_rotation.blockers(obs))
         if waiting and _waiting.get(key) != waiting:  # said once per change, not every pass

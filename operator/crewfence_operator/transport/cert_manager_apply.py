@@ -1,8 +1,8 @@
-"""Carry out ``crew/cert_manager.py``'s decisions: declare a Crew's Issuers and Certificates,
+"""Carry out ``transport/cert_manager.py``'s decisions: declare a Crew's Issuers and Certificates,
 and build the operator's client TLS from the Secret cert-manager writes for it.
 
 Blocking Kubernetes calls: run the sync functions in a thread (``children.ensure`` already
-runs in one). Invariants (named in ``crew/cert_manager.py``): the same Secret names and files
+runs in one). Invariants (named in ``transport/cert_manager.py``): the same Secret names and files
 as the operator's own source; one CA per Crew that keeps its key; objects owned by the Crew;
 updated only where the operator's fields differ. Keys are never logged.
 """
@@ -20,9 +20,9 @@ from typing import Any, Final
 from kubernetes.client.exceptions import ApiException
 
 from crewfence_operator import kube
-from crewfence_operator.crew import cert_manager as cm
-from crewfence_operator.crew import tls as crew_tls
 from crewfence_operator.crew.identity import CrewRef
+from crewfence_operator.transport import cert_manager as cm
+from crewfence_operator.transport import pki
 
 log = logging.getLogger("crewfence.operator.cert_manager")
 
@@ -101,15 +101,15 @@ class ClientTLS:
 
 
 def client_context(ca_pem: bytes, cert_pem: bytes, key_pem: bytes) -> ssl.SSLContext:
-    return crew_tls.client_context_from_pem(ca_pem, cert_pem, key_pem)
+    return pki.client_context_from_pem(ca_pem, cert_pem, key_pem)
 
 
 def client_tls_from_secret(secret: Mapping[str, Any] | None) -> ClientTLS | None:
     """None while cert-manager has not written the Secret (completely) yet."""
     if not secret:
         return None
-    keys = (crew_tls.CA_CERT_KEY, crew_tls.TLS_CERT_KEY, crew_tls.TLS_KEY_KEY)
-    pems = [crew_tls.secret_bytes(secret, k) or None for k in keys]
+    keys = (pki.CA_CERT_KEY, pki.TLS_CERT_KEY, pki.TLS_KEY_KEY)
+    pems = [pki.secret_bytes(secret, k) or None for k in keys]
     ca_pem, cert_pem, key_pem = pems
     if ca_pem is None or cert_pem is None or key_pem is None:
         return None
@@ -158,4 +158,4 @@ def endpoint_tls(material: ClientTLS | None, namespace: str, crew: str,
     if material is None:
         return {}
     return {"ssl_context": material.context,
-            "server_name": crew_tls.replica_dns_name(CrewRef(crew, namespace, ""), ordinal)}
+            "server_name": pki.replica_dns_name(CrewRef(crew, namespace, ""), ordinal)}

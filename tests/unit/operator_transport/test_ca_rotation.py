@@ -1,4 +1,4 @@
-"""The CA rotation's decisions (``crew/ca_rotation.py``): each phase, what each step waits for,
+"""The CA rotation's decisions (``transport/ca_rotation.py``): each phase, what each step waits for,
 a restart of the operator at every step (decided again from the Secret alone), and real TLS
 handshakes between the sidecar's server context and the operator's client material at every
 moment of the rotation, including kubelet lag (a sidecar still on the previous files)."""
@@ -13,21 +13,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from crewfence_operator import certs
-from crewfence_operator.crew import ca_rotation as rot
-from crewfence_operator.crew import tls as crew_tls
 from crewfence_operator.crew.identity import CrewRef
+from crewfence_operator.transport import ca_rotation as rot
+from crewfence_operator.transport import certs, pki
 from crewfence_sidecar.tls import TlsFiles, build_server_context
 
 CREW = CrewRef(name="research", namespace="team-a", uid="uid-1")
 NOW = dt.datetime.now(dt.UTC)
-HOSTS = {o: tuple(crew_tls.replica_hosts(CREW, o, f"10.0.0.{o + 1}")) for o in (0, 1)}
+HOSTS = {o: tuple(pki.replica_hosts(CREW, o, f"10.0.0.{o + 1}")) for o in (0, 1)}
 
 
 def _secret(state: rot.CaState, annotations: Mapping[str, str] | None = None,
             ) -> dict[str, Any]:
     """The CA Secret as the API server would hand it back after the step's write."""
-    return {"metadata": {"name": crew_tls.ca_secret_name(CREW.name),
+    return {"metadata": {"name": pki.ca_secret_name(CREW.name),
                          "annotations": dict(annotations or {})},
             "data": state.data()}
 
@@ -44,7 +43,7 @@ def _replica_secrets(state: rot.CaState,
     """Each replica's Secret as ``ensure_replica_secrets`` leaves it for ``state``."""
     out: dict[int, dict[str, Any]] = {}
     for o, existing in previous.items():
-        wanted = crew_tls.desired_replica_secret(CREW, o, existing, crew_tls.ReplicaIssue(
+        wanted = pki.desired_replica_secret(CREW, o, existing, pki.ReplicaIssue(
             ca=state.signing, trust=tuple(state.trust), hosts=HOSTS[o], now=NOW))
         out[o] = wanted[1] if wanted is not None else dict(existing or {})
     return out
@@ -53,13 +52,13 @@ def _replica_secrets(state: rot.CaState,
 def _views(state: rot.CaState, secrets: Mapping[int, dict[str, Any]],
            probe: bool | None) -> dict[int, rot.ReplicaView]:
     return {o: rot.ReplicaView(
-        trust=crew_tls.fingerprints(crew_tls.trust_from_secret(s)),
-        leaf_issuer=crew_tls.issuer_among(crew_tls.cert_from_secret(s), state.trust),
+        trust=pki.fingerprints(pki.trust_from_secret(s)),
+        leaf_issuer=pki.issuer_among(pki.cert_from_secret(s), state.trust),
         probe=probe) for o, s in secrets.items()}
 
 
 def _operator(state: rot.CaState) -> rot.OperatorView:
-    material = crew_tls.CrewClientTLS.for_ca(state.signing, state.trust)
+    material = pki.CrewClientTLS.for_ca(state.signing, state.trust)
     return rot.OperatorView(client_issuer=material.client_issuer, trusted=material.trusted)
 
 
@@ -72,12 +71,12 @@ def _obs(state: rot.CaState, replicas: Mapping[int, rot.ReplicaView],
 
 @pytest.fixture(scope="module")
 def ca_a() -> certs.Issued:
-    return crew_tls.new_crew_ca(CREW)
+    return pki.new_crew_ca(CREW)
 
 
 @pytest.fixture(scope="module")
 def ca_b() -> certs.Issued:
-    return crew_tls.new_crew_ca(CREW)
+    return pki.new_crew_ca(CREW)
 
 
 def _never() -> certs.Issued:
@@ -98,7 +97,7 @@ def test_a_rotation_moves_through_three_writes(ca_a: certs.Issued, ca_b: certs.I
     s1 = _restart(trusting)
     assert s1.phase == "trusting" and s1.rotation_id == "r1"
     assert s1.signing.cert == ca_a.cert  # still signing with A: everyone trusts A
-    assert crew_tls.fingerprints(s1.trust) == crew_tls.fingerprints([ca_a.cert, ca_b.cert])
+    assert pki.fingerprints(s1.trust) == pki.fingerprints([ca_a.cert, ca_b.cert])
 
     secrets1 = _replica_secrets(s1, secrets0)
     for o in (0, 1):  # only the bundle changed: the certificate (and key) stay
@@ -106,19 +105,19 @@ def test_a_rotation_moves_through_three_writes(ca_a: certs.Issued, ca_b: certs.I
         assert secrets1[o]["data"]["tls.key"] == secrets0[o]["data"]["tls.key"]
     plan = rot.probe_plan(s1)
     assert plan is not None and plan.client_ca.cert == ca_b.cert
-    assert crew_tls.fingerprints(plan.verify) == crew_tls.fingerprints(s1.trust)
+    assert pki.fingerprints(plan.verify) == pki.fingerprints(s1.trust)
 
     switching = rot.decide(_obs(s1, _views(s1, secrets1, True), _operator(s1)), _never)
     assert switching is not None and switching.phase == "switching"
     s2 = _restart(switching)
     assert s2.phase == "switching" and s2.signing.cert == ca_b.cert
     assert s2.previous == ca_a.cert and s2.next is None
-    assert crew_tls.fingerprints(s2.trust) == crew_tls.fingerprints([ca_a.cert, ca_b.cert])
+    assert pki.fingerprints(s2.trust) == pki.fingerprints([ca_a.cert, ca_b.cert])
 
     secrets2 = _replica_secrets(s2, secrets1)
     for o in (0, 1):  # re-issued by B, the bundle still holds A
-        leaf = crew_tls.cert_from_secret(secrets2[o])
-        assert leaf is not None and crew_tls.signed_by(leaf, ca_b.cert)
+        leaf = pki.cert_from_secret(secrets2[o])
+        assert leaf is not None and pki.signed_by(leaf, ca_b.cert)
     plan = rot.probe_plan(s2)
     assert plan is not None and plan.verify == (ca_b.cert,) and plan.client_ca.cert == ca_b.cert
 
@@ -126,11 +125,11 @@ def test_a_rotation_moves_through_three_writes(ca_a: certs.Issued, ca_b: certs.I
     assert done is not None and done.phase == "done"
     s3 = _restart(done)
     assert s3.phase == "stable" and s3.signing.cert == ca_b.cert
-    assert crew_tls.fingerprints(s3.trust) == {crew_tls.fingerprint(ca_b.cert)}
+    assert pki.fingerprints(s3.trust) == {pki.fingerprint(ca_b.cert)}
     secrets3 = _replica_secrets(s3, secrets2)
     for o in (0, 1):
-        assert crew_tls.fingerprints(crew_tls.trust_from_secret(secrets3[o])) == {
-            crew_tls.fingerprint(ca_b.cert)}
+        assert pki.fingerprints(pki.trust_from_secret(secrets3[o])) == {
+            pki.fingerprint(ca_b.cert)}
         assert secrets3[o]["data"]["tls.crt"] == secrets2[o]["data"]["tls.crt"]
     # The same request is carried out once.
     assert rot.decide(_obs(s3, _views(s3, secrets3, None), _operator(s3)), _never) is None
@@ -197,7 +196,7 @@ def test_the_old_ca_is_dropped_only_when_nothing_it_signed_is_in_use(
     # A Secret still holding A's certificate.
     still_a = _replica_secrets(trusting, {1: None})
     mixed = {**good, 1: _views(switching, still_a, True)[1]}
-    assert mixed[1].leaf_issuer == crew_tls.fingerprint(ca_a.cert)
+    assert mixed[1].leaf_issuer == pki.fingerprint(ca_a.cert)
     assert rot.decide(_obs(switching, mixed, _operator(switching)), _never) is None
     # A sidecar not yet serving B's certificate (kubelet lag) does not pass the B-only probe.
     lag = {**good, 0: rot.ReplicaView(good[0].trust, good[0].leaf_issuer, False)}
@@ -213,7 +212,7 @@ def test_expiry_starts_a_rotation_and_lifetimes_are_settings(ca_a: certs.Issued)
     assert rot.rotation_due(stable, "r0", NOW) is None  # an old request is not repeated
     assert rot.rotation_due(stable, None, later) == "expiring"
     step = rot.decide(_obs(stable, {}, None, requested=None, now=later),
-                      lambda: crew_tls.new_crew_ca(CREW))
+                      lambda: pki.new_crew_ca(CREW))
     assert step is not None and step.reason == "expiring" and step.state.rotation_id == "r0"
     # A rotation under way is not started again by the expiry.
     assert rot.rotation_due(_restart(step), None, later) is None
@@ -222,7 +221,7 @@ def test_expiry_starts_a_rotation_and_lifetimes_are_settings(ca_a: certs.Issued)
     cfg = OperatorConfig.from_env({"CREWFENCE_OPERATOR_CA_LIFETIME_SECONDS": "90",
                                    "CREWFENCE_OPERATOR_LEAF_LIFETIME_SECONDS": "30"})
     assert (cfg.ca_lifetime_seconds, cfg.leaf_lifetime_seconds) == (90.0, 30.0)
-    short = crew_tls.new_crew_ca(CREW, dt.timedelta(seconds=cfg.ca_lifetime_seconds))
+    short = pki.new_crew_ca(CREW, dt.timedelta(seconds=cfg.ca_lifetime_seconds))
     life = short.cert.not_valid_after_utc - short.cert.not_valid_before_utc
     assert life == dt.timedelta(seconds=99)  # backdated a tenth for clock skew, not 5 min
     # Due once a third of it is left (33 s): 57 s after it was made, not before.
@@ -233,7 +232,7 @@ def test_expiry_starts_a_rotation_and_lifetimes_are_settings(ca_a: certs.Issued)
     assert rot.rotation_due(rot.CaState(signing=short), None,
                             made + dt.timedelta(seconds=58)) == "expiring"
     # A leaf never outlives its CA.
-    leaf = crew_tls.issue_serving(short, list(HOSTS[0]), dt.timedelta(days=90))
+    leaf = pki.issue_serving(short, list(HOSTS[0]), dt.timedelta(days=90))
     assert leaf.cert.not_valid_after_utc == short.cert.not_valid_after_utc
 
 
@@ -244,13 +243,13 @@ def test_no_key_in_reprs_and_distinct_ca_names(ca_a: certs.Issued, ca_b: certs.I
         assert "PRIVATE" not in text and ca_a.key_pem.decode() not in text
     assert ca_a.cert.subject != ca_b.cert.subject  # one subject per CA inside a bundle
     long = CrewRef(name="r" * 253, namespace="n" * 63, uid="u")
-    long_ca = crew_tls.new_crew_ca(long)
+    long_ca = pki.new_crew_ca(long)
     assert len(long_ca.cert.subject.rfc4514_string()) <= 64 + 3
     # A serving certificate for a pod DNS name over 64 characters: the SAN carries it whole.
-    hosts = crew_tls.replica_hosts(long, 0, None)
+    hosts = pki.replica_hosts(long, 0, None)
     assert len(hosts[0]) > 64
-    leaf = crew_tls.issue_serving(long_ca, hosts)
-    assert crew_tls.renewal_reason(leaf.cert, long_ca, hosts, NOW) is None
+    leaf = pki.issue_serving(long_ca, hosts)
+    assert pki.renewal_reason(leaf.cert, long_ca, hosts, NOW) is None
     assert rot.CaState.from_secret(None) is None
     broken = _secret(state)
     broken["data"][rot.NEXT_KEY_KEY] = base64.b64encode(b"nonsense").decode()
@@ -312,13 +311,13 @@ def test_mutual_trust_holds_at_every_moment_even_with_lagging_files(
     """Between two writes of the CA Secret a sidecar may still serve with the previous
     Secret's files (kubelet sync), and a call in flight may still use the operator's previous
     material: every one of those four combinations completes a mutual handshake."""
-    name = crew_tls.replica_dns_name(CREW, 0)
+    name = pki.replica_dns_name(CREW, 0)
     secrets: dict[int, dict[str, Any] | None] = {0: None}
     replica: list[dict[str, Any]] = []
     for state in states:
         secrets = dict(_replica_secrets(state, secrets))
         replica.append(dict(secrets[0] or {}))
-    operator = [crew_tls.CrewClientTLS.for_ca(s.signing, s.trust) for s in states]
+    operator = [pki.CrewClientTLS.for_ca(s.signing, s.trust) for s in states]
     for i in range(len(states) - 1):
         for side in (i, i + 1):
             server = _server(replica[side], tmp_path / f"r{i}-{side}")
@@ -328,7 +327,7 @@ def test_mutual_trust_holds_at_every_moment_even_with_lagging_files(
     # Afterwards: the sidecar refuses a client certificate of the old CA, and the operator
     # would not accept a serving certificate of it.
     final = _server(replica[-1], tmp_path / "final")
-    old_client = crew_tls.CrewClientTLS.for_ca(states[0].signing)
+    old_client = pki.CrewClientTLS.for_ca(states[0].signing)
     assert not _handshake(final, old_client.context, name)
     old_server = _server(replica[0], tmp_path / "old")
     assert not _handshake(old_server, operator[-1].context, name)
@@ -339,37 +338,37 @@ def test_without_the_overlap_the_switch_breaks_the_connection(
     """The check that the matrix above can fail: renewing in one write (A straight to B, the
     way a CA is replaced without a bundle) leaves a lagging sidecar and the operator unable
     to talk in both directions."""
-    name = crew_tls.replica_dns_name(CREW, 0)
+    name = pki.replica_dns_name(CREW, 0)
     before = _replica_secrets(states[0], {0: None})
     after = _replica_secrets(states[-1], before)
     lagging_sidecar = _server(before[0], tmp_path / "before")
-    new_operator = crew_tls.CrewClientTLS.for_ca(states[-1].signing)
+    new_operator = pki.CrewClientTLS.for_ca(states[-1].signing)
     assert not _handshake(lagging_sidecar, new_operator.context, name)
     updated_sidecar = _server(after[0], tmp_path / "after")
-    in_flight = crew_tls.CrewClientTLS.for_ca(states[0].signing)
+    in_flight = pki.CrewClientTLS.for_ca(states[0].signing)
     assert not _handshake(updated_sidecar, in_flight.context, name)
 
 
 def test_the_per_pass_shortcut_never_hides_a_due_rotation(
         ca_a: certs.Issued, ca_b: certs.Issued, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``tls_secrets._quiet`` spares the CA Secret read on a daemon pass only while nothing can
+    """``pki_apply._quiet`` spares the CA Secret read on a daemon pass only while nothing can
     be due: a new request, another CA in the operator's material or an expiring CA read it."""
-    from crewfence_operator.crew import tls_secrets
+    from crewfence_operator.transport import pki_apply
 
     key = (CREW.namespace, CREW.name)
-    monkeypatch.setattr(tls_secrets, "_clients", {})
-    monkeypatch.setattr(tls_secrets, "_settled", {})
-    assert not tls_secrets._quiet(CREW, None, NOW)  # nothing known (a fresh start): read
-    material = crew_tls.CrewClientTLS.for_ca(ca_a)
-    tls_secrets._clients[key] = (0.0, material)
-    assert not tls_secrets._quiet(CREW, None, NOW)  # never read stable yet
-    tls_secrets._settled[key] = ("r1", crew_tls.fingerprint(ca_a.cert))
-    assert tls_secrets._quiet(CREW, None, NOW)
-    assert tls_secrets._quiet(CREW, "r1", NOW)  # the request already carried out
-    assert not tls_secrets._quiet(CREW, "r2", NOW)  # a new request
-    assert not tls_secrets._quiet(CREW, None, NOW + dt.timedelta(days=2500))  # expiring
-    tls_secrets._clients[key] = (0.0, crew_tls.CrewClientTLS.for_ca(ca_a, [ca_a.cert,
+    monkeypatch.setattr(pki_apply, "_clients", {})
+    monkeypatch.setattr(pki_apply, "_settled", {})
+    assert not pki_apply._quiet(CREW, None, NOW)  # nothing known (a fresh start): read
+    material = pki.CrewClientTLS.for_ca(ca_a)
+    pki_apply._clients[key] = (0.0, material)
+    assert not pki_apply._quiet(CREW, None, NOW)  # never read stable yet
+    pki_apply._settled[key] = ("r1", pki.fingerprint(ca_a.cert))
+    assert pki_apply._quiet(CREW, None, NOW)
+    assert pki_apply._quiet(CREW, "r1", NOW)  # the request already carried out
+    assert not pki_apply._quiet(CREW, "r2", NOW)  # a new request
+    assert not pki_apply._quiet(CREW, None, NOW + dt.timedelta(days=2500))  # expiring
+    pki_apply._clients[key] = (0.0, pki.CrewClientTLS.for_ca(ca_a, [ca_a.cert,
                                                                            ca_b.cert]))
-    assert not tls_secrets._quiet(CREW, None, NOW)  # a bundle: a rotation under way
-    tls_secrets._clients[key] = (0.0, crew_tls.CrewClientTLS.for_ca(ca_b))
-    assert not tls_secrets._quiet(CREW, None, NOW)  # the Secret changed since it was read
+    assert not pki_apply._quiet(CREW, None, NOW)  # a bundle: a rotation under way
+    pki_apply._clients[key] = (0.0, pki.CrewClientTLS.for_ca(ca_b))
+    assert not pki_apply._quiet(CREW, None, NOW)  # the Secret changed since it was read

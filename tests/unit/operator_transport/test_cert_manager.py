@@ -1,6 +1,6 @@
 """The cert-manager certificate source: which Issuers and Certificates a Crew needs
-(``crew/cert_manager.py``), the operator setting, and the client TLS built from the Secret
-cert-manager writes (``crew/cert_manager_apply.py``)."""
+(``transport/cert_manager.py``), the operator setting, and the client TLS built from the Secret
+cert-manager writes (``transport/cert_manager_apply.py``)."""
 
 from __future__ import annotations
 
@@ -10,14 +10,12 @@ import ssl
 from typing import Any
 
 import pytest
-from crewfence_operator import certs
 from crewfence_operator.config import OperatorConfig
-from crewfence_operator.crew import cert_manager as cm
-from crewfence_operator.crew import cert_manager_apply
-from crewfence_operator.crew import tls as crew_tls
 from crewfence_operator.crew.credentials import credentials_volume
 from crewfence_operator.crew.identity import CrewRef
 from crewfence_operator.crew.spec import parse_spec
+from crewfence_operator.transport import cert_manager as cm
+from crewfence_operator.transport import cert_manager_apply, certs, pki
 
 CREW = CrewRef(name="research", namespace="team-a", uid="uid-1")
 SETTINGS = cm.CertManagerSettings()
@@ -73,7 +71,7 @@ def test_replica_certificates_write_the_secret_the_pod_already_mounts() -> None:
 
 def test_replica_names_are_what_the_operator_verifies_and_the_ip_once_known() -> None:
     without_ip = cm.replica_certificate(CREW, 1, None, SETTINGS)["spec"]
-    assert without_ip["dnsNames"] == [crew_tls.replica_dns_name(CREW, 1)]
+    assert without_ip["dnsNames"] == [pki.replica_dns_name(CREW, 1)]
     assert without_ip["dnsNames"] == ["research-1.research.team-a.svc"]
     assert "ipAddresses" not in without_ip
     assert "server auth" in without_ip["usages"] and "client auth" not in without_ip["usages"]
@@ -81,7 +79,7 @@ def test_replica_names_are_what_the_operator_verifies_and_the_ip_once_known() ->
     assert with_ip["ipAddresses"] == ["10.1.2.3"]
     client = cm.operator_client_certificate(CREW, SETTINGS)["spec"]
     assert client["usages"] == ["digital signature", "client auth"]
-    assert client["commonName"] == crew_tls.OPERATOR_CLIENT_NAME
+    assert client["commonName"] == pki.OPERATOR_CLIENT_NAME
 
 
 def test_secrets_carry_the_crew_labels() -> None:
@@ -162,7 +160,7 @@ def _secret(data: dict[str, bytes], version: str = "7") -> dict[str, Any]:
 
 def test_client_tls_from_the_secret_cert_manager_writes() -> None:
     ca = certs.new_ca("crewfence team-a/research")
-    client = crew_tls.issue_operator_client(ca)
+    client = pki.issue_operator_client(ca)
     full = {"ca.crt": ca.cert_pem, "tls.crt": client.cert_pem, "tls.key": client.key_pem}
     material = cert_manager_apply.client_tls_from_secret(_secret(full))
     assert material is not None and material.resource_version == "7"
@@ -176,7 +174,7 @@ def test_client_tls_from_the_secret_cert_manager_writes() -> None:
     for missing in full:
         partial = {k: v for k, v in full.items() if k != missing}
         assert cert_manager_apply.client_tls_from_secret(_secret(partial)) is None
-    other = crew_tls.issue_operator_client(certs.new_ca("other"))
+    other = pki.issue_operator_client(certs.new_ca("other"))
     mismatched = {**full, "tls.key": other.key_pem}
     assert cert_manager_apply.client_tls_from_secret(_secret(mismatched)) is None
     assert cert_manager_apply.endpoint_tls(None, "team-a", "research", 1) == {}

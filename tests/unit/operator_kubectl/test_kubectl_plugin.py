@@ -121,17 +121,17 @@ def _b64(text: str) -> str:
 
 
 def test_explain_uses_the_crews_ca_and_verifies_the_replica_name() -> None:
-    from crewfence_operator.crew import tls as crew_tls
     from crewfence_operator.crew.identity import CrewRef
+    from crewfence_operator.transport import pki
 
-    ca = crew_tls.new_crew_ca(CrewRef("research", "ns", ""))
-    secret = crew_tls.ca_secret(CrewRef("research", "ns", "uid"), ca)
+    ca = pki.new_crew_ca(CrewRef("research", "ns", ""))
+    secret = pki.ca_secret(CrewRef("research", "ns", "uid"), ca)
     access = kp.sidecar_access(_kube({"research-crewfence-token": {"token": _b64("new\nold")},
                                       "research-crewfence-ca": secret["data"]}), CREW_OBJ, 1)
     assert access.address == "10.0.0.6:8090"
     assert access.token == "new"  # the first line during a roll, as the operator sends
     assert access.context is not None and access.context.check_hostname
-    # trusts the Crew's CA (the context is the operator's own, crew_tls.CrewClientTLS)
+    # trusts the Crew's CA (the context is the operator's own, pki.CrewClientTLS)
     subjects = [dict(rdn[0] for rdn in cert["subject"]).get("commonName")
                 for cert in access.context.get_ca_certs()]
     assert ca.cert.subject.rfc4514_string().removeprefix("CN=") in subjects
@@ -141,11 +141,10 @@ def test_explain_uses_the_crews_ca_and_verifies_the_replica_name() -> None:
 
 
 def test_explain_uses_the_crews_client_certificate_secret_without_the_ca() -> None:
-    from crewfence_operator import certs
-    from crewfence_operator.crew import tls as crew_tls
+    from crewfence_operator.transport import certs, pki
 
     ca = certs.new_ca("cm ca")
-    client = crew_tls.issue_operator_client(ca)
+    client = pki.issue_operator_client(ca)
     secret = {"ca.crt": _b64(ca.cert_pem.decode()), "tls.crt": _b64(client.cert_pem.decode()),
               "tls.key": _b64(client.key_pem.decode())}
     access = kp.sidecar_access(_kube({"research-crewfence-token": {"token": _b64("t")},

@@ -14,7 +14,7 @@ they decide (create or replace a Secret). Invariants kept here:
   (``renewal_reason``); the sidecar picks the new files up without a restart.
 * **Trust is a bundle.** What a sidecar trusts (its ``ca.crt``) and what the operator verifies
   against is a list of CA certificates (``trust``): one CA normally, the old and the new one
-  while the CA is renewed (``crew/ca_rotation.py`` names that rotation's invariants).
+  while the CA is renewed (``transport/ca_rotation.py`` names that rotation's invariants).
 * **Keys never leave Secrets and memory.** Nothing here logs, reprs or returns a key in a
   message; ``Issued.__repr__`` shows the subject only.
 """
@@ -39,9 +39,9 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
-from crewfence_operator import certs
 from crewfence_operator import constants as c
 from crewfence_operator.crew.identity import CrewRef, crew_labels, object_meta, replica_labels
+from crewfence_operator.transport import certs
 
 CA_CERT_KEY: Final = "ca.crt"
 CA_KEY_KEY: Final = "ca.key"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 
-from crewfence_operator.crew import token_roll as roll
+from crewfence_operator.transport import token_roll as roll
 
 
 def _state(value: str, **ann: str) -> roll.RollState:

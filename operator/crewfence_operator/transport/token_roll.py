@@ -14,7 +14,7 @@ annotation ``crewfence.dev/rotate-token: <any new id>``, moves through three wri
 Invariant: at every moment the token the operator sends is accepted by every replica that
 has synced the Secret, and a replica that has not synced yet still holds the previous value,
 in which that token is also present. ``decide`` is a pure function of the observed Secret, the
-request and the probe result; ``tls_secrets``-style carrying out is in ``advance``.
+request and the probe result; ``pki_apply``-style carrying out is in ``advance``.
 Only with credentials as files (sidecar TLS mode): an environment variable never changes in
 a running container. Tokens are never logged.
 """
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import secrets
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -33,7 +34,6 @@ from kubernetes.client.exceptions import ApiException
 
 from crewfence_operator import constants as c
 from crewfence_operator import kube
-from crewfence_operator.crew.resources import new_token
 from crewfence_operator.sidecar_client import Endpoint, SidecarClient, SidecarFailure
 
 ROTATE_ANNOTATION: Final = f"{c.GROUP}/rotate-token"
@@ -53,6 +53,10 @@ def sending_token(value: str | None) -> str | None:
     tokens = tokens_of(value)
     return tokens[0] if tokens else None
 
+
+def new_token() -> str:
+    """A fresh bearer token (256 bits, URL-safe): a new Crew's first one and each roll's next."""
+    return secrets.token_urlsafe(32)
 
 @dataclass(frozen=True)
 class RollState:

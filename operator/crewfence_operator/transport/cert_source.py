@@ -1,7 +1,7 @@
 """Which certificate source the operator uses for mutual TLS with a Crew's sidecars.
 
-``operator`` (default): the operator's own CA per Crew (``crew/tls_secrets.py``);
-``cert-manager``: cert-manager's Issuers and Certificates (``crew/cert_manager_apply.py``).
+``operator`` (default): the operator's own CA per Crew (``transport/pki_apply.py``);
+``cert-manager``: cert-manager's Issuers and Certificates (``transport/cert_manager_apply.py``).
 Either way the pods mount the same Secret names and files, so only the two functions here
 look at the setting. Invariant: with sidecar TLS off nothing is sent with TLS options.
 """
@@ -12,10 +12,10 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from crewfence_operator import config
-from crewfence_operator.crew import cert_manager_apply, tls_secrets
-from crewfence_operator.crew.cert_manager import CertManagerSettings
-from crewfence_operator.crew.cert_manager_apply import CertManagerUnavailable
 from crewfence_operator.crew.identity import CrewRef
+from crewfence_operator.transport import cert_manager_apply, pki_apply
+from crewfence_operator.transport.cert_manager import CertManagerSettings
+from crewfence_operator.transport.cert_manager_apply import CertManagerUnavailable
 
 EndpointOptions = Callable[[int], dict[str, Any]]
 
@@ -30,7 +30,7 @@ def ensure_replica_certificates(
     ``CertManagerUnavailable`` when cert-manager is the source but is not installed."""
     if cert_manager is not None:
         return cert_manager_apply.ensure(crew, ordinals, pods, cert_manager)
-    return tls_secrets.ensure_replica_secrets(crew, ordinals, pods)
+    return pki_apply.ensure_replica_secrets(crew, ordinals, pods)
 
 
 async def endpoint_options_for(cfg: config.OperatorConfig, namespace: str,
@@ -41,5 +41,5 @@ async def endpoint_options_for(cfg: config.OperatorConfig, namespace: str,
     if cfg.cert_manager_settings() is not None:
         cm_material = await cert_manager_apply.client_tls(namespace, crew)
         return lambda o: cert_manager_apply.endpoint_tls(cm_material, namespace, crew, o)
-    material = await tls_secrets.client_tls(namespace, crew)
-    return lambda o: tls_secrets.endpoint_tls(material, namespace, crew, o)
+    material = await pki_apply.client_tls(namespace, crew)
+    return lambda o: pki_apply.endpoint_tls(material, namespace, crew, o)

@@ -49,9 +49,8 @@ from typing import Any, Final, Literal
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from crewfence_operator import certs
 from crewfence_operator import constants as c
-from crewfence_operator.crew import tls as crew_tls
+from crewfence_operator.transport import certs, pki
 
 ROTATE_ANNOTATION: Final = f"{c.GROUP}/rotate-ca"
 """On the Crew: a new value asks for a CA rotation."""
@@ -82,19 +81,19 @@ class CaState:
     @classmethod
     def from_secret(cls, secret: Mapping[str, Any] | None) -> CaState | None:
         """None when the Secret is absent or its signing CA unreadable (a new CA, then)."""
-        signing = crew_tls.ca_from_secret(secret)
+        signing = pki.ca_from_secret(secret)
         if secret is None or signing is None:
             return None
         annotations = (secret.get("metadata") or {}).get("annotations") or {}
-        previous_pem = crew_tls.secret_bytes(secret, PREVIOUS_CERT_KEY)
+        previous_pem = pki.secret_bytes(secret, PREVIOUS_CERT_KEY)
         previous = None
         if previous_pem is not None:
             try:
                 previous = x509.load_pem_x509_certificate(previous_pem)
             except ValueError:
                 previous = None
-        upcoming = crew_tls.issued_from_pem(crew_tls.secret_bytes(secret, NEXT_CERT_KEY),
-                                            crew_tls.secret_bytes(secret, NEXT_KEY_KEY))
+        upcoming = pki.issued_from_pem(pki.secret_bytes(secret, NEXT_CERT_KEY),
+                                            pki.secret_bytes(secret, NEXT_KEY_KEY))
         return cls(signing=signing, next=upcoming, previous=previous,
                    rotation_id=annotations.get(ROTATION_ID_ANNOTATION))
 
@@ -120,8 +119,8 @@ class CaState:
 
     def data(self) -> dict[str, str]:
         """The CA Secret's ``data`` for this state."""
-        data = {crew_tls.CA_CERT_KEY: _b64(self.signing.cert_pem),
-                crew_tls.CA_KEY_KEY: _b64(self.signing.key_pem)}
+        data = {pki.CA_CERT_KEY: _b64(self.signing.cert_pem),
+                pki.CA_KEY_KEY: _b64(self.signing.key_pem)}
         if self.next is not None:
             data[NEXT_CERT_KEY] = _b64(self.next.cert_pem)
             data[NEXT_KEY_KEY] = _b64(self.next.key_pem)
@@ -132,7 +131,7 @@ class CaState:
 
     def __repr__(self) -> str:  # never a key
         return (f"CaState(phase={self.phase!r}, signing="
-                f"{crew_tls.fingerprint(self.signing.cert)[:16]!r})")
+                f"{pki.fingerprint(self.signing.cert)[:16]!r})")
 
 
 @dataclass(frozen=True)
@@ -207,7 +206,7 @@ def rotation_due(ca: CaState, requested: str | None, now: dt.datetime) -> str | 
         return None
     if requested and requested != ca.rotation_id:
         return "requested"
-    if crew_tls.ca_renewal_reason(ca.signing, now) is not None:
+    if pki.ca_renewal_reason(ca.signing, now) is not None:
         return "expiring"
     return None
 
@@ -217,7 +216,7 @@ def blockers(obs: CaObservation) -> list[str]:
     ca = obs.ca
     if ca.phase == "stable":
         return []
-    target = crew_tls.fingerprint(ca.target.cert)
+    target = pki.fingerprint(ca.target.cert)
     waiting: list[str] = []
     for ordinal, replica in sorted(obs.replicas.items()):
         if ca.phase == "trusting" and target not in replica.trust:
