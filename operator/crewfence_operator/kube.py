@@ -102,6 +102,19 @@ def patch_crew_status(namespace: str, name: str, status: dict[str, Any]) -> None
         c.GROUP, c.VERSION, namespace, c.CREW_PLURAL, name, {"status": status})
 
 
+def patch_crewjob_status(namespace: str, name: str, body: dict[str, Any]) -> Any:
+    """Merge-patch a CrewJob's status subresource; ``body`` holds ``status`` and may hold
+    ``metadata.resourceVersion`` (a concurrent change then answers 409). The API's answer."""
+    return custom().patch_namespaced_custom_object_status(
+        c.GROUP, c.VERSION, namespace, c.CREWJOB_PLURAL, name, body)
+
+
+def patch_crewjob_status_unless_gone(namespace: str, name: str, status: dict[str, Any]) -> bool:
+    """Merge-patch a CrewJob's status; False when the CrewJob is gone (404)."""
+    return _succeeds_unless(404, lambda: patch_crewjob_status(namespace, name,
+                                                              {"status": status}))
+
+
 # --- core objects ------------------------------------------------------------------------------
 
 def _succeeds_unless(status: int, call: Callable[[], object]) -> bool:

@@ -14,17 +14,10 @@ import kopf
 
 from crewfence_operator import config, readiness
 from crewfence_operator import constants as c
-from crewfence_operator.handlers import audit, crew, resolution, webhook
+from crewfence_operator.handlers import crew, crewjob, resolution, webhook
 from crewfence_operator.transport import certs
 
-try:  # the CrewJob half (OPERATOR-CREWJOB) registers its handlers on import
-    from crewfence_operator.handlers import crewjob
-except ImportError as exc:  # pragma: no cover - only while that module does not exist yet
-    if getattr(exc, "name", "") != "crewfence_operator.handlers.crewjob":
-        raise
-    crewjob = None  # type: ignore[assignment]
-
-__all__ = ["audit", "crew", "crewjob", "resolution", "webhook"]
+__all__ = ["crew", "crewjob", "resolution", "webhook"]
 
 if config.current().webhook.mode is not config.WebhookMode.OFF:
     webhook.register()

@@ -15,7 +15,7 @@ import kopf
 
 from crewfence_operator import config, kube, metrics
 from crewfence_operator import constants as c
-from crewfence_operator.crew import children
+from crewfence_operator.crew import audit, children
 from crewfence_operator.crew.fencing import ForeignMount
 from crewfence_operator.crew.identity import CrewRef
 from crewfence_operator.crew.model_credentials import decide as credentials_verdict
@@ -40,7 +40,6 @@ from crewfence_operator.crew.status import (
     pod_is_ready,
 )
 from crewfence_operator.crew.template import pod_template_hash
-from crewfence_operator.handlers import audit
 from crewfence_operator.sidecar_client import Endpoint, SidecarClient, SidecarFailure
 from crewfence_operator.transport import cert_source, pki_apply, token_roll
 

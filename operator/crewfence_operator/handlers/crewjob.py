@@ -7,7 +7,8 @@ status before the admission leaves), and carries the step out. One async daemon 
 non-terminal CrewJob drives it; after an operator restart a new daemon starts from the status.
 
 Per-operator state (the HTTP session, the short Crew cache, the sidecar answers per job, which
-jobs have a daemon) lives in kopf's ``memo`` as one :class:`Runtime`, never in module globals.
+jobs have a daemon) lives in kopf's ``memo`` as one ``runtime.Runtime``, never in module
+globals.
 """
 
 from __future__ import annotations
@@ -16,17 +17,15 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
 
-import aiohttp
 import kopf
 from crewfence_sidecar import contract
-from kubernetes.client.exceptions import ApiException
 
-from crewfence_operator import config, kube, metrics
 from crewfence_operator import constants as c
+from crewfence_operator import metrics
 from crewfence_operator.crewjob import machine, outcome
 from crewfence_operator.crewjob.machine import (
     OPEN_GATE,
@@ -36,9 +35,7 @@ from crewfence_operator.crewjob.machine import (
     Decision,
     Finish,
     Follow,
-    Gate,
     Lookup_,
-    MachineSettings,
     Memory,
     Observation,
     Probe,
@@ -51,140 +48,16 @@ from crewfence_operator.crewjob.output import CONFIGMAP_KEY
 from crewfence_operator.crewjob.replicas import Replica, parse_replicas
 from crewfence_operator.crewjob.spec import JobSpec, SpecError
 from crewfence_operator.crewjob.status import Cancellation, Progress
+from crewfence_operator.runtime import KubeIO, ObjectGone, Runtime, runtime_of
 from crewfence_operator.sidecar_client import (
     Endpoint,
     Lookup,
     SidecarClient,
     SidecarFailure,
-    Timeouts,
 )
 
 log = logging.getLogger(__name__)
 DAEMON_ID = "crewjob"
-MEMO_KEY = "crewjob_runtime"
-
-
-@dataclass(frozen=True)
-class RunnerSettings:
-    machine: MachineSettings = field(default_factory=MachineSettings)
-    progress_seconds: float = 30.0
-    """At most one progress write (eventCursor, progress) per this many seconds."""
-    crew_cache_seconds: float = 1.0
-    """Many CrewJobs of one Crew start together: one read of the Crew and its token serves
-    them all for a moment (the machine checks replicas and journal ids again later)."""
-    idle_follow_seconds: float = 1.0
-    """A stream that closed without news is not reopened sooner than this (no spinning)."""
-    timeouts: Timeouts = field(default_factory=Timeouts)
-
-
-# --- the cluster side, as the driver needs it (a fake in tests) ----------------------------------
-class ClusterIO(Protocol):
-    async def read_crew(self, namespace: str, crew: str) -> tuple[Mapping[str, Any] | None,
-                                                                  str | None]: ...
-
-    async def patch_status(self, namespace: str, name: str,
-                           patch: Mapping[str, Any]) -> Mapping[str, Any] | None: ...
-    """Merge-patch the status; the status as written (None when the API gave none back)."""
-
-    async def create_configmap(self, body: Mapping[str, Any]) -> None: ...
-
-    async def endpoint_options(self, namespace: str, crew: str,
-                               ordinal: int) -> dict[str, Any]: ...
-    """Extra ``Endpoint`` arguments (HTTPS context and the replica name to verify)."""
-
-    def warn(self, body: Mapping[str, Any], reason: str, message: str) -> None: ...
-
-
-class ObjectGone(Exception):
-    """The CrewJob disappeared while we worked on it."""
-
-
-class KubeIO:
-    """The real cluster: blocking client calls in threads, a short per-Crew cache."""
-
-    def __init__(self, cache_seconds: float = 1.0) -> None:
-        self.cache_seconds = cache_seconds
-        self._cache: dict[tuple[str, str], tuple[float, Mapping[str, Any] | None, str | None]] = {}
-        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
-
-    async def read_crew(self, namespace: str, crew: str) -> tuple[Mapping[str, Any] | None,
-                                                                  str | None]:
-        key = (namespace, crew)
-        async with self._locks.setdefault(key, asyncio.Lock()):
-            cached = self._cache.get(key)
-            if cached is not None and cached[0] > time.monotonic():
-                return cached[1], cached[2]
-            obj = await asyncio.to_thread(kube.get_crew, namespace, crew)
-            token = None
-            if obj is not None:
-                token = await asyncio.to_thread(kube.read_secret_value, namespace,
-                                                c.token_secret_name(crew), c.TOKEN_SECRET_KEY)
-                # During a token roll the Secret holds two lines: send the first one.
-                from crewfence_operator.transport.token_roll import sending_token
-
-                token = sending_token(token)
-            self._cache[key] = (time.monotonic() + self.cache_seconds, obj, token)
-            return obj, token
-
-    async def patch_status(self, namespace: str, name: str,
-                           patch: Mapping[str, Any]) -> Mapping[str, Any] | None:
-        try:
-            obj = await asyncio.to_thread(
-                kube.custom().patch_namespaced_custom_object_status, c.GROUP, c.VERSION,
-                namespace, c.CREWJOB_PLURAL, name, {"status": dict(patch)})
-        except ApiException as exc:
-            if exc.status == 404:
-                raise ObjectGone(name) from None
-            raise
-        return (obj or {}).get("status") if isinstance(obj, Mapping) else None
-
-    async def create_configmap(self, body: Mapping[str, Any]) -> None:
-        await asyncio.to_thread(kube.create_if_absent, dict(body))
-
-    async def endpoint_options(self, namespace: str, crew: str,
-                               ordinal: int) -> dict[str, Any]:
-        from crewfence_operator.transport import cert_source
-
-        options = await cert_source.endpoint_options_for(config.current(), namespace, crew)
-        return options(ordinal)
-
-    def warn(self, body: Mapping[str, Any], reason: str, message: str) -> None:
-        kopf.warn(body, reason=reason, message=message)  # type: ignore[arg-type]
-
-
-# --- per-operator state (kopf memo) --------------------------------------------------------------
-@dataclass
-class Runtime:
-    settings: RunnerSettings = field(default_factory=RunnerSettings)
-    io: ClusterIO = field(default_factory=KubeIO)
-    memories: dict[str, Memory] = field(default_factory=dict)
-    """The sidecar's last answers per CrewJob uid (kept across a deletion stop)."""
-    daemon_uids: set[str] = field(default_factory=set)
-    phases: dict[tuple[str, str], str] = field(default_factory=dict)
-    gate: Callable[[Mapping[str, Any]], Awaitable[Gate]] | None = None
-    """The admission gate (``spec.supersedes``): the one place it plugs in."""
-    _session: aiohttp.ClientSession | None = None
-
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0, limit_per_host=0))
-        return self._session
-
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-
-
-def runtime_of(memo: Any) -> Runtime:
-    rt = memo.get(MEMO_KEY) if isinstance(memo, Mapping) else getattr(memo, MEMO_KEY, None)
-    if rt is None:
-        from crewfence_operator.handlers.resolution import admission_gate  # spec.supersedes
-
-        rt = Runtime(gate=admission_gate)
-        memo[MEMO_KEY] = rt
-    return rt
 
 
 # --- the driver ----------------------------------------------------------------------------------
@@ -434,12 +307,6 @@ class JobDriver:
             self._written_cursor = self.memory.cursor
             self._progress_clock = time.monotonic()
 
-
-# --- for other handlers (the resolution journaling) ---------------------------------------------
-async def read_crew_and_token(namespace: str, crew: str) -> tuple[Mapping[str, Any] | None,
-                                                                  str | None]:
-    """The Crew and its token, uncached (for handlers outside the CrewJob daemon)."""
-    return await KubeIO(cache_seconds=0.0).read_crew(namespace, crew)
 
 
 # --- kopf registration -----------------------------------------------------------------------

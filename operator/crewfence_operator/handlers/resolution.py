@@ -1,6 +1,7 @@
-"""kopf glue for the human half of an uncertain outcome: ``spec.resolution`` and
-``spec.supersedes``. Decisions are pure (``crewjob/resolution.py``, ``crewjob/supersede.py``);
-this module only reads, writes status, posts Events and calls the sidecar.
+"""kopf glue for the human half of an uncertain outcome: ``spec.resolution``. Decisions are
+pure (``crewjob/resolution.py``); this module only reads, writes status, posts Events and calls
+the sidecar. The other half, the gate of a successor (``spec.supersedes``), is
+``supersedes_gate.py``, called by the CrewJob daemon through ``runtime.Runtime.gate``.
 
 Level-triggered on purpose: one ``on.event`` handler looks at every CrewJob event and carries
 out whatever :func:`resolution.decide` says now, so an interrupted step (operator restart, a
@@ -14,21 +15,19 @@ import asyncio
 import logging
 from collections.abc import Mapping
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
 import kopf
-from kubernetes.client.exceptions import ApiException
 
 from crewfence_operator import constants as c
 from crewfence_operator import kube, metrics
-from crewfence_operator.crewjob import machine, outcome, supersede
 from crewfence_operator.crewjob import resolution as res
+from crewfence_operator.crewjob import supersede
 from crewfence_operator.crewjob.replicas import Replica, parse_replicas
 from crewfence_operator.crewjob.status import now_iso
+from crewfence_operator.runtime import KubeIO, Runtime, read_crew_and_token, runtime_of
 from crewfence_operator.sidecar_client import Endpoint, SidecarClient, SidecarFailure
-
-if TYPE_CHECKING:
-    from crewfence_operator.handlers.crewjob import Runtime
+from crewfence_operator.supersedes_gate import as_body
 
 log = logging.getLogger(__name__)
 
@@ -40,28 +39,13 @@ _retries: dict[tuple[str, str], asyncio.Task[None]] = {}
 
 
 # --- API (blocking calls, always in a thread) -----------------------------------------------
-def _patch_status_blocking(namespace: str, name: str, body: dict[str, Any]) -> None:
-    kube.custom().patch_namespaced_custom_object_status(
-        c.GROUP, c.VERSION, namespace, c.CREWJOB_PLURAL, name, body)
-
-
 _get_crewjob_blocking = kube.get_crewjob
 
 
 async def _patch_status(namespace: str, name: str, status: dict[str, Any]) -> bool:
     """False when the CrewJob is gone."""
-    try:
-        await asyncio.to_thread(_patch_status_blocking, namespace, name, {"status": status})
-    except ApiException as exc:
-        if exc.status == 404:
-            return False
-        raise
-    return True
-
-
-def _as_body(obj: Mapping[str, Any]) -> kopf.Body:
-    """kopf posts Events for any object with apiVersion, kind and metadata (uid, name)."""
-    return cast(kopf.Body, obj)
+    return await asyncio.to_thread(kube.patch_crewjob_status_unless_gone, namespace, name,
+                                   status)
 
 
 # --- the gauge of unresolved uncertain outcomes ---------------------------------------------
@@ -95,8 +79,6 @@ def unresolved_entry(obj: Mapping[str, Any]) -> tuple[str, str, float] | None:
 # --- resolution -------------------------------------------------------------------------------
 @kopf.on.event(c.GROUP, c.VERSION, c.CREWJOB_PLURAL, id="crewjob-resolution")
 async def crewjob_resolution(event: Mapping[str, Any], memo: kopf.Memo, **_: Any) -> None:
-    from crewfence_operator.handlers import crewjob as jobs  # it imports this module
-
     obj = event.get("object") or {}
     meta = obj.get("metadata") or {}
     namespace, name = str(meta.get("namespace")), str(meta.get("name"))
@@ -106,7 +88,7 @@ async def crewjob_resolution(event: Mapping[str, Any], memo: kopf.Memo, **_: Any
     metrics.observe_unresolved_uncertain(namespace, name, unresolved_entry(obj))
     if meta.get("deletionTimestamp"):
         return
-    await carry_out(obj, jobs.runtime_of(memo))
+    await carry_out(obj, runtime_of(memo))
 
 
 async def carry_out(obj: Mapping[str, Any], runtime: Runtime) -> None:
@@ -124,7 +106,7 @@ async def carry_out(obj: Mapping[str, Any], runtime: Runtime) -> None:
     if decision.step is res.Step.IGNORE:
         if await _patch_status(namespace, name, res.ignored_patch(
                 status, decision.message, generation=generation, now=now)):
-            kopf.warn(_as_body(obj), reason=res.REASON_IGNORED, message=decision.message[:1000])
+            kopf.warn(as_body(obj), reason=res.REASON_IGNORED, message=decision.message[:1000])
         return
     resolved_by = res.resolver(meta.get("managedFields"))
     if decision.step in (res.Step.ACCEPT, res.Step.REFRESH):
@@ -137,7 +119,7 @@ async def carry_out(obj: Mapping[str, Any], runtime: Runtime) -> None:
             return
         if decision.step is res.Step.ACCEPT:
             metrics.observe_unresolved_uncertain(namespace, name, None)
-            kopf.event(_as_body(obj), type="Normal", reason=res.REASON_RESOLVED,
+            kopf.event(as_body(obj), type="Normal", reason=res.REASON_RESOLVED,
                        message=f"Outcome resolved {decision.resolution.outcome.value} by "
                                f"{resolved_by}: {decision.resolution.note}"[:1000])
         if patch["resolution"]["journal"].get("state") != res.JournalState.PENDING.value:
@@ -151,8 +133,6 @@ async def carry_out(obj: Mapping[str, Any], runtime: Runtime) -> None:
 async def journal(obj: Mapping[str, Any], resolution: res.Resolution, *, resolved_by: str,
                   runtime: Runtime) -> None:
     """Record the resolution in the assigned replica's journal (idempotent route; retried)."""
-    from crewfence_operator.handlers import crewjob as jobs  # it imports this module
-
     meta, spec, status = obj["metadata"], obj.get("spec") or {}, obj.get("status") or {}
     namespace, name = str(meta["namespace"]), str(meta["name"])
     crew_name = str((spec.get("crewRef") or {}).get("name") or "")
@@ -162,7 +142,7 @@ async def journal(obj: Mapping[str, Any], resolution: res.Resolution, *, resolve
                                   resolved_by=resolved_by)
     why = "the assigned replica is not reachable"
     for attempt in range(JOURNAL_ATTEMPTS):
-        crew, token = await jobs.read_crew_and_token(namespace, crew_name)
+        crew, token = await read_crew_and_token(namespace, crew_name)
         replica = next((r for r in parse_replicas(crew or {}) if r.ordinal == ordinal), None)
         if replica is not None and replica.address and token:
             try:
@@ -196,11 +176,9 @@ async def _client(runtime: Runtime, *, crew: tuple[str, str], replica: Replica,
     """A client for the replica over the operator's one HTTP session (``runtime``, closed by
     the CrewJob handler's cleanup), with the same endpoint options (mutual TLS when the
     operator runs with it) as the CrewJob daemon's."""
-    from crewfence_operator.handlers import crewjob as jobs  # it imports this module
-
     assert replica.address
     namespace, crew_name = crew
-    options = await jobs.KubeIO(cache_seconds=0.0).endpoint_options(namespace, crew_name,
+    options = await KubeIO(cache_seconds=0.0).endpoint_options(namespace, crew_name,
                                                                     replica.ordinal)
     return SidecarClient(runtime.session(), Endpoint(replica.address, token, **options))
 
@@ -225,52 +203,3 @@ def _retry_later(namespace: str, name: str, runtime: Runtime) -> None:
                           namespace, name)
 
     _retries[key] = asyncio.create_task(later(), name=f"resolution-journal {namespace}/{name}")
-
-
-# --- supersedes: the gate before a successor's first admission --------------------------------
-async def supersedes_gate(body: Mapping[str, Any], action_id: str) -> supersede.GateDecision:
-    """Called by the CrewJob runner before its first admission. Without ``spec.supersedes``
-    it proceeds at once (no API call). With it: read the predecessor, decide, and on
-    proceed claim the predecessor (``status.supersededBy``, guarded by its resourceVersion)
-    and link this job (``status.supersedes``)."""
-    spec, meta = body.get("spec") or {}, body["metadata"]
-    predecessor_name = spec.get("supersedes")
-    if not predecessor_name:
-        return supersede.GateDecision(supersede.Gate.PROCEED, "no_predecessor", "")
-    namespace, name = str(meta["namespace"]), str(meta["name"])
-    predecessor = await asyncio.to_thread(_get_crewjob_blocking, namespace,
-                                          str(predecessor_name))
-    decision = supersede.decide(successor_name=name, successor_action_id=action_id,
-                                predecessor=predecessor, predecessor_name=str(predecessor_name))
-    if not decision.proceed or predecessor is None:
-        return decision
-    if ((predecessor.get("status") or {}).get("supersededBy") or {}).get("name") != name:
-        try:
-            await asyncio.to_thread(
-                _patch_status_blocking, namespace, str(predecessor_name),
-                supersede.claim_patch(predecessor, successor_name=name,
-                                      successor_action_id=action_id))
-        except ApiException as exc:
-            if exc.status in (404, 409):  # deleted or changed meanwhile: decide again later
-                return supersede.GateDecision(
-                    supersede.Gate.WAIT, "predecessor_changed",
-                    f"predecessor {predecessor_name!r} changed while it was being linked; "
-                    "looking again")
-            raise
-        kopf.event(_as_body(predecessor), type="Normal", reason="Superseded",
-                   message=f"superseded by CrewJob {name} (action id {action_id})")
-    await _patch_status(namespace, name, {"supersedes": supersede.supersedes_status(
-        predecessor, str(predecessor_name))})
-    return decision
-
-
-async def admission_gate(body: Mapping[str, Any]) -> machine.Gate:
-    """:func:`supersedes_gate` as the state machine's :class:`machine.Gate` (the hook the
-    CrewJob handler calls before the first admission: ``Runtime.gate``)."""
-    decision = await supersedes_gate(body, supersede.effective_action_id(body))
-    if decision.gate is supersede.Gate.PROCEED:
-        return machine.OPEN_GATE
-    if decision.gate is supersede.Gate.REFUSE:
-        return machine.Gate(open=False, message=decision.message,
-                            refusal=outcome.invalid_spec(decision.code, decision.message))
-    return machine.Gate(open=False, reason=supersede.WAIT_REASON, message=decision.message)

@@ -11,8 +11,8 @@ from typing import Any
 
 import kopf
 import pytest
-from crewfence_operator.handlers import crewjob as jobs
 from crewfence_operator.handlers import resolution as handler
+from crewfence_operator.runtime import Runtime, runtime_of
 from sidecar_helpers import AUTH, TOKEN, headers, start_body
 
 
@@ -40,7 +40,7 @@ def plain_http(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 async def runtime() -> Any:
     """The per-operator state (kopf memo) whose HTTP session the handler uses."""
-    rt = jobs.runtime_of({})
+    rt = runtime_of({})
     yield rt
     await rt.close()
 
@@ -83,12 +83,12 @@ def _one_replica_crew(monkeypatch: pytest.MonkeyPatch, address: Callable[[], str
             {"ordinal": 0, "pod": "research-0", "address": address(), "ready": True,
              "journalId": "j"}]}}, TOKEN)
 
-    monkeypatch.setattr(jobs, "read_crew_and_token", crew_and_token)
+    monkeypatch.setattr(handler, "read_crew_and_token", crew_and_token)
 
 
 async def test_accept_then_journal_once(make_client: Any, api: dict[str, Any],
                                         monkeypatch: pytest.MonkeyPatch,
-                                        runtime: jobs.Runtime) -> None:
+                                        runtime: Runtime) -> None:
     c = await _finished_job(make_client, "ns/job")
     address = f"{c.server.host}:{c.server.port}"
     _one_replica_crew(monkeypatch, lambda: address)
@@ -126,7 +126,7 @@ async def test_accept_then_journal_once(make_client: Any, api: dict[str, Any],
 
 async def test_unreachable_sidecar_leaves_it_pending_and_a_retry_journals_it(
         make_client: Any, api: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
-        runtime: jobs.Runtime) -> None:
+        runtime: Runtime) -> None:
     c = await _finished_job(make_client, "ns/late")
     reachable: dict[str, str | None] = {"address": None}
     _one_replica_crew(monkeypatch, lambda: reachable["address"])

@@ -109,7 +109,7 @@ async def test_the_operators_session_keeps_one_connection_per_replica(
     """The mutual-TLS bar is taken on a kept-alive connection because this is what the
     operator does: one pooled session, one SSL context per Crew, so calls to a replica
     share one connection and pay the handshake once (the sidecar counts connections)."""
-    from crewfence_operator.handlers.crewjob import Runtime
+    from crewfence_operator.runtime import Runtime
     from sidecar_helpers import metric_value
 
     operator = Runtime()

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 from crewfence_operator.crewjob.machine import MachineSettings
-from crewfence_operator.handlers.crewjob import JobDriver, RunnerSettings, Runtime, drive_deletion
+from crewfence_operator.handlers.crewjob import JobDriver, drive_deletion
+from crewfence_operator.runtime import RunnerSettings, Runtime
 from crewfence_operator.sidecar_client import Timeouts
 from crewfence_sidecar.contract import Status
 from fake_cluster import FakeCluster, crew_obj, crewjob_body, replica_entry

@@ -36,7 +36,8 @@ async def test_one_runtime_per_operator_shared_by_every_objects_memo() -> None:
     import copy
 
     import kopf
-    from crewfence_operator.handlers.crewjob import crewjob_runtime, runtime_of
+    from crewfence_operator.handlers.crewjob import crewjob_runtime
+    from crewfence_operator.runtime import runtime_of
 
     memo = kopf.Memo()
     await crewjob_runtime(memo=memo)

@@ -1,0 +1,159 @@
+"""The per-operator state of the CrewJob handlers (kopf ``memo``): one :class:`Runtime`.
+
+Both CrewJob handler modules use it: ``handlers/crewjob.py`` (the daemon driving each job) and
+``handlers/resolution.py`` (the resolution journaling, over the same HTTP session). It lives
+here, outside ``handlers/``, so that neither handler module imports the other. It holds the
+cluster side as the driver needs it (:class:`ClusterIO`, the real one :class:`KubeIO`), the
+runner's settings, and the admission gate (``spec.supersedes``, ``supersedes_gate.py``).
+
+Invariant: one Runtime per operator process, never module globals: ``runtime_of`` puts it in
+the operator-wide memo the first time, so every object's copy of the memo shares it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import aiohttp
+import kopf
+from kubernetes.client.exceptions import ApiException
+
+from crewfence_operator import config, kube
+from crewfence_operator import constants as c
+from crewfence_operator.crewjob.machine import Gate, MachineSettings, Memory
+from crewfence_operator.sidecar_client import Timeouts
+from crewfence_operator.supersedes_gate import admission_gate
+from crewfence_operator.transport import cert_source
+from crewfence_operator.transport.token_roll import sending_token
+
+MEMO_KEY = "crewjob_runtime"
+
+
+@dataclass(frozen=True)
+class RunnerSettings:
+    machine: MachineSettings = field(default_factory=MachineSettings)
+    progress_seconds: float = 30.0
+    """At most one progress write (eventCursor, progress) per this many seconds."""
+    crew_cache_seconds: float = 1.0
+    """Many CrewJobs of one Crew start together: one read of the Crew and its token serves
+    them all for a moment (the machine checks replicas and journal ids again later)."""
+    idle_follow_seconds: float = 1.0
+    """A stream that closed without news is not reopened sooner than this (no spinning)."""
+    timeouts: Timeouts = field(default_factory=Timeouts)
+
+
+
+# --- the cluster side, as the driver needs it (a fake in tests) ----------------------------------
+class ClusterIO(Protocol):
+    async def read_crew(self, namespace: str, crew: str) -> tuple[Mapping[str, Any] | None,
+                                                                  str | None]: ...
+
+    async def patch_status(self, namespace: str, name: str,
+                           patch: Mapping[str, Any]) -> Mapping[str, Any] | None: ...
+    """Merge-patch the status; the status as written (None when the API gave none back)."""
+
+    async def create_configmap(self, body: Mapping[str, Any]) -> None: ...
+
+    async def endpoint_options(self, namespace: str, crew: str,
+                               ordinal: int) -> dict[str, Any]: ...
+    """Extra ``Endpoint`` arguments (HTTPS context and the replica name to verify)."""
+
+    def warn(self, body: Mapping[str, Any], reason: str, message: str) -> None: ...
+
+
+class ObjectGone(Exception):
+    """The CrewJob disappeared while we worked on it."""
+
+
+class KubeIO:
+    """The real cluster: blocking client calls in threads, a short per-Crew cache."""
+
+    def __init__(self, cache_seconds: float = 1.0) -> None:
+        self.cache_seconds = cache_seconds
+        self._cache: dict[tuple[str, str], tuple[float, Mapping[str, Any] | None, str | None]] = {}
+        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+
+    async def read_crew(self, namespace: str, crew: str) -> tuple[Mapping[str, Any] | None,
+                                                                  str | None]:
+        key = (namespace, crew)
+        async with self._locks.setdefault(key, asyncio.Lock()):
+            cached = self._cache.get(key)
+            if cached is not None and cached[0] > time.monotonic():
+                return cached[1], cached[2]
+            obj = await asyncio.to_thread(kube.get_crew, namespace, crew)
+            token = None
+            if obj is not None:
+                token = await asyncio.to_thread(kube.read_secret_value, namespace,
+                                                c.token_secret_name(crew), c.TOKEN_SECRET_KEY)
+                # During a token roll the Secret holds two lines: send the first one.
+                token = sending_token(token)
+            self._cache[key] = (time.monotonic() + self.cache_seconds, obj, token)
+            return obj, token
+
+    async def patch_status(self, namespace: str, name: str,
+                           patch: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        try:
+            obj = await asyncio.to_thread(kube.patch_crewjob_status, namespace, name,
+                                          {"status": dict(patch)})
+        except ApiException as exc:
+            if exc.status == 404:
+                raise ObjectGone(name) from None
+            raise
+        return (obj or {}).get("status") if isinstance(obj, Mapping) else None
+
+    async def create_configmap(self, body: Mapping[str, Any]) -> None:
+        await asyncio.to_thread(kube.create_if_absent, dict(body))
+
+    async def endpoint_options(self, namespace: str, crew: str,
+                               ordinal: int) -> dict[str, Any]:
+        options = await cert_source.endpoint_options_for(config.current(), namespace, crew)
+        return options(ordinal)
+
+    def warn(self, body: Mapping[str, Any], reason: str, message: str) -> None:
+        kopf.warn(body, reason=reason, message=message)  # type: ignore[arg-type]
+
+
+# --- per-operator state (kopf memo) --------------------------------------------------------------
+@dataclass
+class Runtime:
+    settings: RunnerSettings = field(default_factory=RunnerSettings)
+    io: ClusterIO = field(default_factory=KubeIO)
+    memories: dict[str, Memory] = field(default_factory=dict)
+    """The sidecar's last answers per CrewJob uid (kept across a deletion stop)."""
+    daemon_uids: set[str] = field(default_factory=set)
+    phases: dict[tuple[str, str], str] = field(default_factory=dict)
+    gate: Callable[[Mapping[str, Any]], Awaitable[Gate]] | None = None
+    """The admission gate (``spec.supersedes``): the one place it plugs in."""
+    _session: aiohttp.ClientSession | None = None
+
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, limit_per_host=0))
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+def runtime_of(memo: Any) -> Runtime:
+    rt = memo.get(MEMO_KEY) if isinstance(memo, Mapping) else getattr(memo, MEMO_KEY, None)
+    if rt is None:
+        rt = Runtime(gate=admission_gate)
+        memo[MEMO_KEY] = rt
+    return rt
+
+
+
+
+async def read_crew_and_token(namespace: str, crew: str) -> tuple[Mapping[str, Any] | None,
+                                                                  str | None]:
+    """The Crew and its token, uncached (for handlers outside the CrewJob daemon)."""
+    return await KubeIO(cache_seconds=0.0).read_crew(namespace, crew)
+
