@@ -11,21 +11,24 @@ from pathlib import Path
 
 from harness.handles import Cluster
 
+ENTRY_MODULE = "crewfence_operator.kubectl"
+"""The plugin's package: ``-m`` runs it, the console script imports ``main`` from it."""
+
 
 def plugin_dir(tmp: Path) -> Path:
     """A PATH folder holding ``kubectl-crewfence``: the installed console script when the venv
-    has it, else a shim running the same module (the entry point is the same function)."""
+    has it for this code's entry point, else a shim running the same package (the entry point
+    is the same function). A script installed for an older entry point is not used."""
     installed = Path(sys.executable).with_name("kubectl-crewfence")
     folder = tmp / "plugin-bin"
     folder.mkdir(parents=True, exist_ok=True)
     shim = folder / "kubectl-crewfence"
     if shim.exists() or shim.is_symlink():
         shim.unlink()
-    if installed.exists():
+    if installed.exists() and f"from {ENTRY_MODULE}." in installed.read_text(errors="replace"):
         shim.symlink_to(installed)
     else:
-        shim.write_text(f"#!/bin/sh\nexec {sys.executable} -m crewfence_operator.kubectl_plugin"
-                        ' "$@"\n')
+        shim.write_text(f'#!/bin/sh\nexec {sys.executable} -m {ENTRY_MODULE} "$@"\n')
         shim.chmod(shim.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     return folder
 

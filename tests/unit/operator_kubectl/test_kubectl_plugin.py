@@ -1,12 +1,21 @@
 """The kubectl plugin's pure parts: the uncertain list, successor naming and spec, the
-evidence text, and kubectl's flag conventions (the e2e test runs it through kubectl)."""
+evidence text, kubectl's flag conventions, and explain's access to the sidecar (the e2e test
+runs it through kubectl)."""
 
 from __future__ import annotations
 
+import base64
 from datetime import UTC, datetime
 from typing import Any
 
-from crewfence_operator import kubectl_plugin as kp
+import pytest
+from crewfence_operator.crew.identity import CrewRef
+from crewfence_operator.kubectl import explain, rerun, sidecar
+from crewfence_operator.kubectl.client import Kube
+from crewfence_operator.kubectl.main import build_parser
+from crewfence_operator.kubectl.uncertain import uncertain_rows
+from crewfence_operator.transport import certs, pki
+from kubernetes.client.exceptions import ApiException
 
 NOW = datetime(2026, 11, 30, 22, 20, tzinfo=UTC).timestamp()
 
@@ -34,23 +43,23 @@ def test_uncertain_lists_only_unresolved_uncertain_jobs_oldest_first() -> None:
                                   resolution={"outcome": "Happened"})),
         job("fine", {"phase": "Succeeded", "uncertainOutcome": False}),
     ]
-    rows = kp.uncertain_rows(items, NOW)
+    rows = uncertain_rows(items, NOW)
     assert [r["name"] for r in rows] == ["older", "newer"]
     assert rows[0]["age"] == "1h" and rows[1]["age"] == "20m"
     assert rows[0]["reason"] == "Timeout" and rows[0]["replica"] == "research-1"
 
 
 def test_successor_names_are_deterministic() -> None:
-    assert kp.successor_name("report") == "report-rerun"
-    assert kp.successor_name("report-rerun") == "report-rerun-2"
-    assert kp.successor_name("report-rerun-2") == "report-rerun-3"
+    assert rerun.successor_name("report") == "report-rerun"
+    assert rerun.successor_name("report-rerun") == "report-rerun-2"
+    assert rerun.successor_name("report-rerun-2") == "report-rerun-3"
 
 
 def test_successor_copies_the_spec_but_not_the_identity() -> None:
     pred = job("report", {}, timeoutMs=5000, actionId="custom", idempotencyKey="k",
                cancel=True, deletionPolicy="Orphan",
                resolution={"outcome": "NotHappened", "note": "n"})
-    body = kp.successor_body(pred, "report-rerun")
+    body = rerun.successor_body(pred, "report-rerun")
     assert body["metadata"]["name"] == "report-rerun"
     assert body["spec"] == {"crewRef": {"name": "research"}, "operation": "run",
                             "input": {"topic": "t"}, "timeoutMs": 5000,
@@ -60,7 +69,7 @@ def test_successor_copies_the_spec_but_not_the_identity() -> None:
 def test_explain_says_what_is_known_in_words() -> None:
     obj = job("report", uncertain("2026-11-30T21:00:00Z", recovery="Reconcile first.",
                                   cancellation={"requested": True, "dispatched": True}))
-    text = kp.explain_text(kp.evidence(
+    text = explain.explain_text(explain.evidence(
         obj, {"status": "failed", "uncertain_outcome": True, "error": {"code": "timeout"},
               "event_count": 2},
         [{"sequence": 0, "event": "started", "data": {}},
@@ -74,7 +83,7 @@ def test_explain_says_what_is_known_in_words() -> None:
 
 
 def test_kubectl_flags_work_before_and_after_the_subcommand() -> None:
-    parser = kp.build_parser()
+    parser = build_parser()
     args = parser.parse_args(["-n", "a", "uncertain"])
     assert args.namespace == "a"
     args = parser.parse_args(["-n", "a", "uncertain", "-n", "b", "-o", "yaml"])
@@ -97,8 +106,6 @@ class _Core:
         self.secrets = secrets
 
     def read_namespaced_secret(self, name: str, namespace: str) -> _Secret:
-        from kubernetes.client.exceptions import ApiException
-
         found = self.secrets.get(name, 404)
         if isinstance(found, int):
             raise ApiException(status=found, reason="Forbidden" if found == 403 else "Nope")
@@ -110,23 +117,18 @@ CREW_OBJ = {"metadata": {"name": "research", "namespace": "ns"}, "spec": {"repli
                                     {"ordinal": 1, "address": "10.0.0.6:8090", "ready": True}]}}
 
 
-def _kube(secrets: dict[str, dict[str, str] | int]) -> kp.Kube:
-    return kp.Kube(api=None, core=_Core(secrets), namespace="ns")  # type: ignore[arg-type]
+def _kube(secrets: dict[str, dict[str, str] | int]) -> Kube:
+    return Kube(api=None, core=_Core(secrets), namespace="ns")  # type: ignore[arg-type]
 
 
 def _b64(text: str) -> str:
-    import base64
-
     return base64.b64encode(text.encode()).decode()
 
 
 def test_explain_uses_the_crews_ca_and_verifies_the_replica_name() -> None:
-    from crewfence_operator.crew.identity import CrewRef
-    from crewfence_operator.transport import pki
-
     ca = pki.new_crew_ca(CrewRef("research", "ns", ""))
     secret = pki.ca_secret(CrewRef("research", "ns", "uid"), ca)
-    access = kp.sidecar_access(_kube({"research-crewfence-token": {"token": _b64("new\nold")},
+    access = sidecar.sidecar_access(_kube({"research-crewfence-token": {"token": _b64("new\nold")},
                                       "research-crewfence-ca": secret["data"]}), CREW_OBJ, 1)
     assert access.address == "10.0.0.6:8090"
     assert access.token == "new"  # the first line during a roll, as the operator sends
@@ -141,19 +143,17 @@ def test_explain_uses_the_crews_ca_and_verifies_the_replica_name() -> None:
 
 
 def test_explain_uses_the_crews_client_certificate_secret_without_the_ca() -> None:
-    from crewfence_operator.transport import certs, pki
-
     ca = certs.new_ca("cm ca")
     client = pki.issue_operator_client(ca)
     secret = {"ca.crt": _b64(ca.cert_pem.decode()), "tls.crt": _b64(client.cert_pem.decode()),
               "tls.key": _b64(client.key_pem.decode())}
-    access = kp.sidecar_access(_kube({"research-crewfence-token": {"token": _b64("t")},
+    access = sidecar.sidecar_access(_kube({"research-crewfence-token": {"token": _b64("t")},
                                       "research-crewfence-operator-client": secret}),
                                CREW_OBJ, 0)
     assert access.context is not None and access.server_name == "research-0.research.ns.svc"
     assert access.source == "the Crew's client certificate"
     # RBAC scoped to the token and this Secret: the CA Secret's 403 does not stop it
-    scoped = kp.sidecar_access(_kube({"research-crewfence-token": {"token": _b64("t")},
+    scoped = sidecar.sidecar_access(_kube({"research-crewfence-token": {"token": _b64("t")},
                                       "research-crewfence-ca": 403,
                                       "research-crewfence-operator-client": secret}),
                                CREW_OBJ, 0)
@@ -161,33 +161,29 @@ def test_explain_uses_the_crews_client_certificate_secret_without_the_ca() -> No
 
 
 def test_explain_without_tls_material_speaks_plain_http() -> None:
-    access = kp.sidecar_access(_kube({"research-crewfence-token": {"token": _b64("t")}}),
+    access = sidecar.sidecar_access(_kube({"research-crewfence-token": {"token": _b64("t")}}),
                                CREW_OBJ, 0)
     assert access.context is None and access.server_name is None
 
 
 def test_explain_says_in_one_line_which_secret_it_may_not_read() -> None:
-    import pytest
-
     for forbidden, holds in (("research-crewfence-ca", "the Crew's CA"),
                              ("research-crewfence-token", "the Crew's bearer token")):
         secrets: dict[str, dict[str, str] | int] = {
             "research-crewfence-token": {"token": _b64("t")},
             "research-crewfence-ca": {"ca.crt": "", "ca.key": ""}}
         secrets[forbidden] = 403
-        with pytest.raises(kp.EvidenceUnavailable) as info:
-            kp.sidecar_access(_kube(secrets), CREW_OBJ, 0)
+        with pytest.raises(sidecar.EvidenceUnavailable) as info:
+            sidecar.sidecar_access(_kube(secrets), CREW_OBJ, 0)
         note = str(info.value)
         assert "\n" not in note and "403" in note and f"ns/{forbidden}" in note
         assert holds in note and "CrewJob's own status" in note
 
 
 def test_explain_names_the_client_secret_first_when_it_may_read_neither() -> None:
-    import pytest
-
     secrets: dict[str, dict[str, str] | int] = {
         "research-crewfence-token": {"token": _b64("t")},
         "research-crewfence-operator-client": 403, "research-crewfence-ca": 403}
-    with pytest.raises(kp.EvidenceUnavailable) as info:
-        kp.sidecar_access(_kube(secrets), CREW_OBJ, 0)
+    with pytest.raises(sidecar.EvidenceUnavailable) as info:
+        sidecar.sidecar_access(_kube(secrets), CREW_OBJ, 0)
     assert "ns/research-crewfence-operator-client (403" in str(info.value)
