@@ -60,7 +60,6 @@ from crewfence_operator.crewjob.status import (
 )
 from crewfence_operator.sidecar_client import Admission, Lookup, SidecarFailure
 
-DRAINING_CODE: Final = getattr(contract, "DRAINING_CODE", "draining")
 NOT_ADMITTED_STATUSES: Final = frozenset({429, 507})
 """Answers that promise nothing was scheduled (back-pressure, journal full)."""
 
@@ -613,7 +612,7 @@ def _after_admission(ctx: _Ctx, a: Assignment, replica: Replica,
         return ctx.wait(s.backoff(failures), Phase.RUNNING, Reason.REPLICA_UNAVAILABLE,
                         f"replica {replica.label} refused the connection; nothing was sent",
                         failures=failures)
-    if exc.code == DRAINING_CODE:
+    if exc.code == contract.DRAINING_CODE:
         return ctx.wait(s.backoff(failures), Phase.RUNNING, Reason.REPLICA_DRAINING,
                         f"replica {replica.label} is draining and refused the admission; "
                         "nothing was scheduled there", failures=failures)
