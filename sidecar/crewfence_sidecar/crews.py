@@ -1,8 +1,10 @@
 """The crews a sidecar hosts, keyed by ``crew_id``: a registry and/or a declarative file.
 
 - Registry ``module:attribute`` (``CREWFENCE_REGISTRY``): a mapping ``crew_id -> zero-argument
-  factory`` returning a fresh ``crewai.Crew``. A value that is a ``Crew`` instance is accepted
-  too and cloned with ``crew.copy()`` for every job.
+  factory`` returning a fresh ``crewai.Crew``, or (as the reference sidecar accepts) a
+  callable returning that mapping, called once when the catalog loads; one that raises or
+  returns anything but a mapping is a start-up error. A value that is a ``Crew`` instance is
+  accepted too and cloned with ``crew.copy()`` for every job.
 - Declarative crews file (``CREWFENCE_CREWS_FILE``): see :mod:`crewfence_sidecar.declarative`.
 
 ``build(crew_id)`` returns a new crew on every call; one Crew object never serves two jobs.
@@ -57,13 +59,32 @@ def _clone_factory(crew: Crew) -> CrewFactory:
     return crew.copy
 
 
-def _registry_factories(registry: str) -> dict[str, CrewFactory]:
-    mapping = _resolve_attribute(registry)
-    if not isinstance(mapping, Mapping):
+def _registry_mapping(registry: str) -> Mapping[object, object]:
+    """The registry attribute, or what it returns when it is a callable (called once here)."""
+    target = _resolve_attribute(registry)
+    if isinstance(target, Mapping):
+        return target
+    if not callable(target):
         raise CatalogError(
             f"registry {registry!r} must be a mapping crew_id -> factory, "
-            f"not {type(mapping).__name__}"
+            f"not {type(target).__name__} (or a callable returning that mapping)"
         )
+    try:
+        produced = target()
+    except Exception as exc:  # user code: whatever it raises is a configuration error
+        raise CatalogError(
+            f"registry {registry!r}: calling it raised {type(exc).__name__}: {exc}"
+        ) from None
+    if not isinstance(produced, Mapping):
+        raise CatalogError(
+            f"registry {registry!r} is a callable that must return a mapping "
+            f"crew_id -> factory, not {type(produced).__name__}"
+        )
+    return produced
+
+
+def _registry_factories(registry: str) -> dict[str, CrewFactory]:
+    mapping = _registry_mapping(registry)
     factories: dict[str, CrewFactory] = {}
     for crew_id, value in mapping.items():
         if not isinstance(crew_id, str) or not 1 <= len(crew_id) <= MAX_CREW_ID_CHARS:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,13 +24,28 @@ CREWS = {"instance": INSTANCE, "shared": lambda: INSTANCE, "bad": lambda: "not a
 NOT_A_MAPPING = [1, 2]
 BAD_VALUE = {"x": 42}
 BAD_ID = {"": _crew}
+CALLS = []
+
+
+def make_crews():
+    CALLS.append("called")
+    return {"made": _crew}
+
+
+def raising():
+    raise RuntimeError("no crews today")
+
+
+def returns_a_list():
+    return ["made"]
 """
 
 
 @pytest.fixture
 def crew_module(importable: Callable[[str, str], str], request: pytest.FixtureRequest) -> str:
-    return importable(f"cf_reg_{request.node.name.replace('[', '_').replace(']', '_')}",
-                      CREW_MODULE)
+    # A module name of identifier characters only: a parameter's text (spaces, colons) must
+    # not end up in the registry string, where a colon would split it elsewhere.
+    return importable("cf_reg_" + re.sub(r"\W", "_", request.node.name), CREW_MODULE)
 
 
 def test_registry_catalog_builds_fresh_crews(sample_catalog: CrewCatalog) -> None:
@@ -61,6 +77,15 @@ def test_a_factory_returning_no_crew_is_refused(crew_module: str) -> None:
         catalog.build("bad")
 
 
+def test_a_registry_callable_is_called_once_for_its_mapping(crew_module: str) -> None:
+    """The reference sidecar's form: the attribute is a callable returning the mapping."""
+    catalog = CrewCatalog.load(f"{crew_module}:make_crews", None)
+    assert catalog.crew_ids() == ["made"]
+    first, second = catalog.build("made"), catalog.build("made")
+    assert isinstance(first, Crew) and first is not second
+    assert __import__(crew_module).CALLS == ["called"]
+
+
 def test_registry_and_file_combine(crews_file: Path, tmp_path: Path) -> None:
     extra = tmp_path / "crews.yaml"
     extra.write_text(yaml.safe_dump({"crews": {"extra": {
@@ -86,6 +111,9 @@ def test_file_catalog(file_catalog: CrewCatalog) -> None:
         ("BAD_VALUE", "crew 'x' must be a zero-argument factory or a crewai.Crew, not int"),
         ("BAD_ID", "crew id '' must be a string of 1..256 characters"),
         ("MISSING", "has no attribute 'MISSING'"),
+        ("raising", "calling it raised RuntimeError: no crews today"),
+        ("returns_a_list",
+         "is a callable that must return a mapping crew_id -> factory, not list"),
     ],
 )
 def test_bad_registry_values(crew_module: str, attribute: str, expected: str) -> None:

@@ -120,6 +120,80 @@ def test_bad_crews_file_refuses_before_bind(tmp_path: Path, state: Path) -> None
     assert "crews" in line
 
 
+REGISTRY_MODULE = """
+import os
+from pathlib import Path
+
+from crewai import Agent, Crew, Task
+from crewfence_sidecar.offline_llm import OfflineLLM
+
+
+def _crew():
+    agent = Agent(role="R", goal="Research {topic}", backstory="B", llm=OfflineLLM())
+    return Crew(agents=[agent], tasks=[Task(description="Research {topic}",
+                                            expected_output="A summary", agent=agent)])
+
+
+def crews():
+    with Path(os.environ["CF_REGISTRY_CALLS"]).open("a") as calls:
+        calls.write(f"{os.getpid()}\\n")
+    return {"made": _crew}
+
+
+def broken():
+    raise RuntimeError("the registry backend is down")
+
+
+def not_a_mapping():
+    return ["made"]
+"""
+
+
+def _registry_env(tmp_path: Path, state: Path, attribute: str) -> dict[str, str]:
+    """A sidecar whose only crews come from ``cf_reg_process:<attribute>`` (no crews file)."""
+    (tmp_path / "cf_reg_process.py").write_text(REGISTRY_MODULE)
+    path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH", "")) if p)
+    return sidecar_env(state / "journal.db", tmp_path / "unused.yaml", CREWFENCE_CREWS_FILE="",
+                       CREWFENCE_REGISTRY=f"cf_reg_process:{attribute}", PYTHONPATH=path,
+                       CF_REGISTRY_CALLS=str(tmp_path / "calls"),
+                       CREWAI_STORAGE_DIR=str(tmp_path / "crewai"))
+
+
+def test_a_registry_callable_is_called_once_and_its_crews_serve(
+        tmp_path: Path, state: Path) -> None:
+    """The reference sidecar's form: ``CREWFENCE_REGISTRY`` names a callable returning the
+    ``crew_id -> factory`` mapping; the real executable calls it once at start and runs it."""
+    proc = SidecarProcess([], _registry_env(tmp_path, state, "crews"),
+                          tmp_path / "sidecar.log").start()
+    try:
+        proc.wait_listening()
+        with urllib.request.urlopen(urllib.request.Request(f"{proc.url}/health", headers=AUTH),
+                                    timeout=30) as resp:
+            assert json.loads(resp.read())["crews"] == ["made"]
+        req = urllib.request.Request(
+            f"{proc.url}/jobs", data=json.dumps(start_body("ns/made", crew_id="made")).encode(),
+            headers={**AUTH, "Idempotency-Key": "k", "Content-Type": "application/json"},
+            method="POST")
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            assert resp.status == 200
+        with urllib.request.urlopen(urllib.request.Request(
+                f"{proc.url}{job_path('ns/made')}", headers=AUTH), timeout=30) as resp:
+            assert json.loads(resp.read())["status"] == "completed"
+        assert len((tmp_path / "calls").read_text().splitlines()) == 1
+    finally:
+        assert proc.terminate() == 0
+
+
+@pytest.mark.parametrize("attribute, fragment", [
+    ("broken", "calling it raised RuntimeError: the registry backend is down"),
+    ("not_a_mapping", "is a callable that must return a mapping crew_id -> factory, not list"),
+])
+def test_a_registry_callable_that_fails_refuses_start_up(
+        tmp_path: Path, state: Path, attribute: str, fragment: str) -> None:
+    line = refused_start(tmp_path, _registry_env(tmp_path, state, attribute))
+    assert fragment in line and "cf_reg_process" in line
+
+
 def test_sigkill_mid_job_then_restart_reports_failed_and_uncertain(
         tmp_path: Path, crews: Path, state: Path) -> None:
     """The production start path (real executable, no zygote) across a SIGKILL."""
