@@ -499,15 +499,7 @@ def _attach_found(ctx: _Ctx, replica: Replica, lookup: Lookup) -> Decision:
 
 
 def _archived(lookup: Lookup) -> Verdict:
-    tomb = lookup.tombstone or {}
-    verdict = outcome.verdict_from_rejection(
-        FailureCategory.PERMANENT, "archived",
-        "the sidecar holds only a tombstone of this action", 410)
-    if tomb.get("uncertain_outcome"):
-        return replace(verdict, uncertain=True, reason=Reason.RECORD_UNCERTAIN,
-                       recovery=outcome.RECOVERY[Reason.RECORD_UNCERTAIN],
-                       message=f"{verdict.message}; its record marked the outcome uncertain")
-    return verdict
+    return outcome.archived_verdict(lookup.tombstone or {})
 
 
 def _record_verdict(ctx: _Ctx, record: JobRecord) -> Verdict:
