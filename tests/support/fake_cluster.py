@@ -22,6 +22,8 @@ class FakeCluster:
     patches: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     configmaps: dict[str, Mapping[str, Any]] = field(default_factory=dict)
     warnings: list[tuple[str, str]] = field(default_factory=list)
+    claims: set[str] = field(default_factory=set)
+    """State claims that exist (read only while the Crew does not serve the assigned one)."""
 
     async def read_crew(self, namespace: str, crew: str) -> tuple[Mapping[str, Any] | None,
                                                                   str | None]:
@@ -39,6 +41,9 @@ class FakeCluster:
     async def endpoint_options(self, namespace: str, crew: str,
                                ordinal: int) -> dict[str, Any]:
         return {}  # plain HTTP: the double speaks no TLS
+
+    async def claim_exists(self, namespace: str, name: str) -> bool | None:
+        return name in self.claims
 
     def warn(self, body: Mapping[str, Any], reason: str, message: str) -> None:
         self.warnings.append((reason, message))

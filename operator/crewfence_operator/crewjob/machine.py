@@ -24,11 +24,17 @@ I2  Never a verdict while the outcome can still be learned. A lost admission ans
 I3  Cancel and deletion (``deletionPolicy: Cancel``) reach the sidecar whenever the record may be
     running: failed cancels are retried with capped backoff; a deletion with an assignment looks
     at the intended replica (through the settle window) before letting go.
-I4  A Crew or assigned claim that is gone ends the job within ``gone_grace_seconds`` as
-    ``Failed``, uncertain, ``JournalLost``, with the recovery text.
+I4  Only an assigned claim that is gone (or a changed journal id) loses the journal: it ends
+    the job within ``gone_grace_seconds`` as ``Failed``, uncertain, ``JournalLost``, with the
+    recovery text. A missing Crew object, a replica the Crew no longer lists or a renamed
+    claim, while the claim itself exists (or cannot be read), means wait, with a reason that
+    names it; the job continues once a Crew serves the claim again.
 I5  Every uncertain verdict carries its reason and recovery text (``outcome.RECOVERY``), and the
     record's ``uncertain_outcome`` and error ``code`` decide verdicts
     (``outcome.verdict_from_record``).
+I6  No verdict before the probe. A CrewJob's status can be new while its action is not (GitOps
+    prune and re-apply): ``cancel: true`` and the admission gate are decided only after every
+    replica answered that it does not know the action; one that does is attached to.
 
 The admission gate: :class:`Gate` is the one place where a "wait: predecessor not resolved"
 check (``spec.supersedes``) plugs in; it is consulted only before the first admission.
@@ -60,7 +66,7 @@ from crewfence_operator.crewjob.status import (
 )
 from crewfence_operator.sidecar_client import Admission, Lookup, SidecarFailure
 
-DRAINING_CODE: Final = getattr(contract, "DRAINING_CODE", "draining")
+DRAINING_CODE: Final = contract.DRAINING_CODE
 NOT_ADMITTED_STATUSES: Final = frozenset({429, 507})
 """Answers that promise nothing was scheduled (back-pressure, journal full)."""
 
@@ -171,6 +177,9 @@ class Observation:
     deleting: bool = False
     gate: Gate = OPEN_GATE
     settings: MachineSettings = field(default_factory=MachineSettings)
+    assigned_claim_exists: bool | None = None
+    """Whether the assigned state claim object exists, read only while the Crew does not list
+    it (deleted Crew, removed replica, renamed claim); None: not read, or unreadable."""
 
 
 # --- steps ---------------------------------------------------------------------------------------
@@ -415,14 +424,13 @@ def decide(obs: Observation) -> Decision:
 
 # --- before the first admission ---------------------------------------------------------------
 def _before_admission(ctx: _Ctx) -> Decision:
-    """I1: nothing was ever sent (the assignment is written before any POST)."""
+    """I1: nothing was ever sent from this object's status (the assignment is written before
+    any POST). I6: the status may be new while the action is not (a deleted and re-applied
+    manifest), so no verdict is written before the probe says where the action lives: a
+    ``cancel: true`` finishes "nothing was dispatched" and the gate (``spec.supersedes``)
+    decides only once every replica answered that it does not know the action; an action
+    found anywhere is attached to (and cancelled there, when asked)."""
     obs, spec, s = ctx.obs, ctx.spec, ctx.settings
-    if spec.cancel:
-        return ctx.finish(outcome.cancelled_before_admission())
-    if obs.gate.refusal is not None:
-        return ctx.finish(obs.gate.refusal)
-    if not obs.gate.open:
-        return ctx.wait(s.retry_seconds, Phase.PENDING, obs.gate.reason, obs.gate.message)
     crew = obs.crew
     if crew is None:
         return ctx.wait(s.retry_seconds, Phase.PENDING, Reason.CREW_NOT_FOUND,
@@ -445,6 +453,12 @@ def _before_admission(ctx: _Ctx) -> Decision:
         return ctx.wait(s.retry_seconds, Phase.PENDING, Reason.WAITING_FOR_REPLICAS,
                         f"replica(s) {names} of Crew {spec.crew!r} may hold this action's journal "
                         "and cannot answer; waiting before any admission")
+    if spec.cancel:
+        return ctx.finish(outcome.cancelled_before_admission())
+    if obs.gate.refusal is not None:
+        return ctx.finish(obs.gate.refusal)
+    if not obs.gate.open:
+        return ctx.wait(s.retry_seconds, Phase.PENDING, obs.gate.reason, obs.gate.message)
     journals = {r.ordinal: _journal_of(r, probes.get(r.ordinal)) for r in crew.replicas}
     eligible = [r for r in crew.replicas
                 if r.state is ReplicaState.ACTIVE and r.ready and not r.fenced and r.address
@@ -516,6 +530,8 @@ def _assigned(ctx: _Ctx, a: Assignment) -> Decision:
     if gone is None and replica is None:
         return ctx.wait(s.retry_seconds, Phase.RUNNING, Reason.REPLICA_UNAVAILABLE,
                         "the Crew lists no replicas at the moment; waiting")
+    if gone is not None and a.claim and obs.assigned_claim_exists is not False:
+        return _claim_lives_on(ctx, a, gone[0])
     if gone is not None:
         since = ctx.mem.gone_since if ctx.mem.gone_since is not None else obs.now
         if obs.now - since >= s.gone_grace_seconds:
@@ -573,6 +589,27 @@ def _gone_why(ctx: _Ctx, a: Assignment, replica: Replica | None) -> tuple[str, s
         return ("claim_gone", f"replica {a.ordinal} now uses claim {replica.claim}, not "
                               f"{a.claim}; the action's journal is gone")
     return None
+
+
+def _claim_lives_on(ctx: _Ctx, a: Assignment, why: str) -> Decision:
+    """I4: the Crew object no longer shows the assigned replica (Crew deleted with
+    ``--cascade=orphan`` or re-created by a GitOps tool, replica removed, claim renamed in the
+    spec), but the claim, which holds the journal, still exists or cannot be read: the outcome
+    can still be learned, so wait; a re-created Crew that serves the claim again continues the
+    job. The action is never moved to another replica."""
+    s = ctx.settings
+    known = ("still exists" if ctx.obs.assigned_claim_exists
+             else "cannot be read to tell whether it still exists")
+    crew = ctx.spec.crew if isinstance(ctx.obs.spec, JobSpec) else "?"
+    if why == "crew_deleted":
+        return ctx.wait(s.retry_seconds, Phase.RUNNING, Reason.CREW_NOT_FOUND,
+                        f"Crew {crew!r} is gone but the assigned claim {a.claim}, which holds "
+                        f"this action's journal, {known}; waiting for the Crew to serve it "
+                        "again (never moved to another replica)", gone_since=None)
+    return ctx.wait(s.retry_seconds, Phase.RUNNING, Reason.REPLICA_UNAVAILABLE,
+                    f"Crew {crew!r} no longer serves the assigned claim {a.claim} of replica "
+                    f"{a.ordinal} (removed or renamed), but the claim {known}; waiting (never "
+                    "moved to another replica)", gone_since=None)
 
 
 def _journal_lost(ctx: _Ctx, a: Assignment, current: str | None) -> Decision:

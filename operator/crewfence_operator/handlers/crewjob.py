@@ -94,6 +94,9 @@ class ClusterIO(Protocol):
 
     def warn(self, body: Mapping[str, Any], reason: str, message: str) -> None: ...
 
+    async def claim_exists(self, namespace: str, name: str) -> bool | None: ...
+    """Whether a PersistentVolumeClaim exists; None when the API could not tell."""
+
 
 class ObjectGone(Exception):
     """The CrewJob disappeared while we worked on it."""
@@ -125,6 +128,12 @@ class KubeIO:
                 token = sending_token(token)
             self._cache[key] = (time.monotonic() + self.cache_seconds, obj, token)
             return obj, token
+
+    async def claim_exists(self, namespace: str, name: str) -> bool | None:
+        try:
+            return await asyncio.to_thread(kube.get_claim, namespace, name) is not None
+        except ApiException:
+            return None
 
     async def patch_status(self, namespace: str, name: str,
                            patch: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -270,6 +279,7 @@ class JobDriver:
             if crew is not None:
                 crew_view = CrewView(tuple(parse_replicas(crew)), bool(token))
                 self._token = token
+        claim_exists = await self._assigned_claim_exists(crew_view)
         gate = OPEN_GATE
         if self.rt.gate is not None and not self.status.get("assignment") and not deleting:
             gate = await self.rt.gate(self.body)
@@ -277,7 +287,16 @@ class JobDriver:
             namespace=self.namespace, name=self.name,
             generation=int(self.body["metadata"].get("generation") or 1), spec=spec,
             status=self.status, crew=crew_view, memory=self.memory, now=time.time(),
-            deleting=deleting, gate=gate, settings=self.settings.machine)
+            deleting=deleting, gate=gate, settings=self.settings.machine,
+            assigned_claim_exists=claim_exists)
+
+    async def _assigned_claim_exists(self, crew_view: CrewView | None) -> bool | None:
+        """Read the assigned claim only while the Crew does not serve it (machine I4)."""
+        claim = (self.status.get("assignment") or {}).get("claim")
+        if not claim or (crew_view is not None
+                         and any(r.claim == claim for r in crew_view.replicas)):
+            return None
+        return await self.rt.io.claim_exists(self.namespace, str(claim))
 
     _token: str | None = None
 
