@@ -90,6 +90,8 @@ class MachineSettings:
     """How long a missing Crew or assigned claim is tolerated before JournalLost (a bound)."""
     deletion_wait_seconds: float = 30.0
     """With deletionPolicy Cancel: how long a deletion waits for the sidecar's answer."""
+    full_retry_seconds: float = 60.0
+    """How long a replica whose journal answered 507 (full) is passed over for this job."""
 
     def backoff(self, failures: int) -> float:
         if failures <= 0:
@@ -268,6 +270,8 @@ class Known:
     assigned_at: float | None
     cancellation: Cancellation
     started: bool
+    full: Mapping[int, tuple[str | None, float]] = field(default_factory=dict)
+    """``status.journalFull``: ordinal -> (journal id, when) of replicas that answered 507."""
 
     @classmethod
     def from_status(cls, status: Mapping[str, Any]) -> Known:
@@ -282,7 +286,17 @@ class Known:
                    assignment=Assignment.from_status(raw_assignment),
                    assigned_at=parse_time(raw_assignment.get("assignedAt")),
                    cancellation=Cancellation.from_status(status.get("cancellation")),
-                   started=bool(status.get("startedAt")))
+                   started=bool(status.get("startedAt")),
+                   full=_full_journals(status.get("journalFull")))
+
+
+def _full_journals(raw: object) -> dict[int, tuple[str | None, float]]:
+    out: dict[int, tuple[str | None, float]] = {}
+    for entry in raw if isinstance(raw, list) else []:
+        if isinstance(entry, Mapping) and isinstance(entry.get("ordinal"), int):
+            at = parse_time(entry.get("at"))
+            out[int(entry["ordinal"])] = (entry.get("journalId"), at or 0.0)
+    return out
 
 
 def parse_time(raw: object) -> float | None:
@@ -460,10 +474,16 @@ def _before_admission(ctx: _Ctx) -> Decision:
     if not obs.gate.open:
         return ctx.wait(s.retry_seconds, Phase.PENDING, obs.gate.reason, obs.gate.message)
     journals = {r.ordinal: _journal_of(r, probes.get(r.ordinal)) for r in crew.replicas}
+    full = _still_full(ctx, journals)
     eligible = [r for r in crew.replicas
                 if r.state is ReplicaState.ACTIVE and r.ready and not r.fenced and r.address
-                and journals[r.ordinal]]
+                and journals[r.ordinal] and r.ordinal not in full]
     ordinal = choose_ordinal(spec.action_id, [r.ordinal for r in eligible])
+    if ordinal is None and full:
+        return ctx.wait(s.retry_seconds, Phase.PENDING, Reason.JOURNAL_FULL,
+                        f"the journal of every eligible replica of Crew {spec.crew!r} is full "
+                        f"(replica(s) {', '.join(map(str, sorted(full)))} answered 507); "
+                        f"nothing was admitted. {outcome.RECOVERY['journal_full']}")
     if ordinal is None:
         return ctx.wait(s.retry_seconds, Phase.PENDING, Reason.NO_ELIGIBLE_REPLICA,
                         f"no ready, unfenced, active replica of Crew {spec.crew!r} with a known "
@@ -476,6 +496,13 @@ def _before_admission(ctx: _Ctx) -> Decision:
     patch = ctx.working(Phase.RUNNING, Reason.DISPATCHED,
                         f"dispatched to replica {replica.label}", extra=extra)
     return ctx.decision(Admit(replica), patch)
+
+
+def _still_full(ctx: _Ctx, journals: Mapping[int, str | None]) -> set[int]:
+    """Replicas whose journal (the same one) answered 507 within ``full_retry_seconds``."""
+    window = ctx.settings.full_retry_seconds
+    return {o for o, (journal, at) in ctx.known.full.items()
+            if journal == journals.get(o) and ctx.obs.now - at < window}
 
 
 def _silent_label(replica: Replica, answer: ProbeAnswer | None) -> str:
@@ -650,9 +677,11 @@ def _after_admission(ctx: _Ctx, a: Assignment, replica: Replica,
         reason = Reason.JOURNAL_FULL if exc.http_status == 507 else Reason.SIDECAR_BUSY
         message = f"replica {replica.label} did not admit the action ({exc.code}); nothing was " \
                   "scheduled; trying again"
+        phase = Phase.RUNNING
         if exc.http_status == 507:
             message = f"{message}. {outcome.RECOVERY['journal_full']}"
-        return ctx.wait(s.backoff(failures), Phase.RUNNING, reason, message, failures=failures)
+            phase = Phase.PENDING  # nothing was admitted (the 507 promise)
+        return ctx.wait(s.backoff(failures), phase, reason, message, failures=failures)
     if exc.uncertain:
         first = not (ctx.known.uncertain and ctx.known.reason == Reason.ANSWER_LOST.value)
         message = (f"the answer to the admission on replica {replica.label} was lost; the "
@@ -780,6 +809,18 @@ def _not_known(ctx: _Ctx, a: Assignment, replica: Replica) -> Decision:
                             f"cancel requested; replica {replica.label} does not hold the action "
                             "yet, but an admission sent to it may still land: looking again")
         return ctx.finish(outcome.cancelled_before_admission())
+    if ctx.known.reason == Reason.JOURNAL_FULL.value and not _within_settle(ctx):
+        # I1 + the 507 promise: the full journal admitted nothing, and past the settle window
+        # no earlier POST can land either; send the work where there is room, after asking
+        # every replica again, and pass this journal over for a while.
+        full = [{"ordinal": o, "journalId": j, "at": iso(at)}
+                for o, (j, at) in ctx.known.full.items() if o != a.ordinal]
+        full.append({"ordinal": a.ordinal, "journalId": a.journal_id, "at": iso(ctx.obs.now)})
+        patch = ctx.working(Phase.PENDING, Reason.JOURNAL_FULL,
+                            f"the journal of replica {replica.label} is full and admitted "
+                            "nothing; choosing a replica with room after asking every replica",
+                            extra={"assignment": None, "journalFull": full})
+        return ctx.decision(Wait(0.0, Reason.JOURNAL_FULL.value), patch, probes={})
     if replica.state is not ReplicaState.ACTIVE and not _within_settle(ctx):
         # I1: the replica refuses admissions and, past the settle window, provably never got
         # one: clear the assignment and probe every replica again.
@@ -837,12 +878,22 @@ def _deleting(ctx: _Ctx) -> Decision:
     if record is None:
         if lookup.tombstone is None and _within_settle(ctx):
             return ctx.decision(Wait(1.0, Reason.CANCEL_PENDING.value), lookup=None)
+        if (lookup.tombstone or {}).get("uncertain_outcome"):
+            return ctx.decision(Release(), lookup=None, warning=_deleted_warning(
+                "the sidecar archived this action's record, which marked the outcome uncertain",
+                outcome.RECOVERY[Reason.RECORD_UNCERTAIN], Reason.RECORD_UNCERTAIN))
         return ctx.decision(Release(), lookup=None)  # never admitted (or archived)
     if record.terminal:
+        # I5 on deletion too: an uncertain record is announced (Event + metric) even though
+        # the CrewJob that would have shown it in status is going away.
         if ctx.mem.cancel_confirmed and record.uncertain_outcome:
             return ctx.decision(Release(), warning=_deleted_warning(
                 "the sidecar cancelled the task, but its record says the work may continue",
                 outcome.RECOVERY["cancel_thread"]))
+        if record.uncertain_outcome:
+            return ctx.decision(Release(), warning=_deleted_warning(
+                f"the sidecar's record ended {record.status.value} with an uncertain outcome",
+                outcome.RECOVERY[Reason.RECORD_UNCERTAIN], Reason.RECORD_UNCERTAIN))
         return ctx.decision(Release())
     if not ctx.mem.cancel_confirmed:
         return ctx.decision(Cancel(replica, "CrewJob deleted (deletionPolicy Cancel)"),
@@ -850,10 +901,10 @@ def _deleting(ctx: _Ctx) -> Decision:
     return ctx.decision(Wait(0.5, Reason.CANCEL_PENDING.value), lookup=None)
 
 
-def _deleted_warning(detail: str, advice: str) -> Warning_:
-    return Warning_(f"OutcomeUncertain{Reason.CANCEL_UNCONFIRMED.value}",
-                    f"CrewJob deleted: {detail}. {advice}"[:1000],
-                    Reason.CANCEL_UNCONFIRMED.value)
+def _deleted_warning(detail: str, advice: str,
+                     reason: Reason = Reason.CANCEL_UNCONFIRMED) -> Warning_:
+    return Warning_(f"OutcomeUncertain{reason.value}",
+                    f"CrewJob deleted: {detail}. {advice}"[:1000], reason.value)
 
 
 def _release_unconfirmed(ctx: _Ctx, detail: str) -> Decision:

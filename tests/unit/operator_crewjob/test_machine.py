@@ -236,6 +236,50 @@ def test_not_admitted_answers_wait_certain(status: int, code: str, reason: Reaso
     assert d.patch["reason"] == reason and "uncertainOutcome" not in d.patch
 
 
+def _full_507() -> SidecarFailure:
+    return SidecarFailure(FailureCategory.TEMPORARY, "journal_full", "full", 507, uncertain=True)
+
+
+def test_a_full_journal_sends_the_job_where_there_is_room() -> None:
+    """507 promises nothing was admitted: past the settle window (no earlier POST can land)
+    and a lookup that finds nothing, the assignment is cleared, the full journal passed over,
+    and the job admitted on a replica with room; Pending meanwhile."""
+    spec = next(replace(SPEC, action_id=f"team-a/full-{i}") for i in range(100)
+                if m.choose_ordinal(f"team-a/full-{i}", [0, 1]) == 0)
+    replicas = (replica(0), replica(1))
+    d = m.decide(obs(*replicas, spec=spec, status=assigned(0),
+                     memory=Memory(admission=_full_507())))
+    assert isinstance(d.step, Wait) and d.patch is not None
+    assert (d.patch["phase"], d.patch["reason"]) == ("Pending", "JournalFull")
+    status = {**assigned(0), **d.patch}
+    # Within the settle window the same replica is asked again (an exact repeat): never moved.
+    d = m.decide(obs(*replicas, spec=spec, status=status, memory=Memory(lookup=Lookup()),
+                     now=NOW + 5))
+    assert isinstance(d.step, Admit) and d.step.replica.ordinal == 0
+    d = m.decide(obs(*replicas, spec=spec, status=status, memory=Memory(lookup=Lookup()),
+                     now=NOW + 60))
+    assert d.patch is not None and d.patch["assignment"] is None
+    assert d.patch["journalFull"][0]["ordinal"] == 0 and d.memory.probes == {}
+    status = {**status, **d.patch}
+    d = m.decide(obs(*replicas, spec=spec, status=status, now=NOW + 61,
+                     memory=Memory(probes={0: Lookup(), 1: Lookup()})))
+    assert isinstance(d.step, Admit) and d.step.replica.ordinal == 1, "sent where there is room"
+
+
+def test_every_journal_full_waits_pending_then_tries_again() -> None:
+    full = [{"ordinal": 0, "journalId": "j0", "at": m.iso(NOW)}]
+    probes = Memory(probes={0: Lookup()})
+    d = m.decide(obs(replica(0), status={"journalFull": full}, memory=probes, now=NOW + 1))
+    assert isinstance(d.step, Wait) and d.patch is not None
+    assert (d.patch["phase"], d.patch["reason"]) == ("Pending", "JournalFull")
+    later = NOW + m.MachineSettings().full_retry_seconds + 1
+    d = m.decide(obs(replica(0), status={"journalFull": full}, memory=probes, now=later))
+    assert isinstance(d.step, Admit), "a full journal may have room again later"
+    other = m.decide(obs(replica(0, journal="jNew"), status={"journalFull": full},
+                         memory=probes, now=NOW + 1))
+    assert isinstance(other.step, Admit), "a different journal is not the full one"
+
+
 def test_definitive_refusal_finishes_but_not_while_an_earlier_post_may_land() -> None:
     exc = SidecarFailure(FailureCategory.PERMANENT, "invalid_input", "x", 422)
     d = m.decide(obs(replica(0), status=assigned(), memory=Memory(admission=exc)))
@@ -359,6 +403,26 @@ def test_cancel_with_nothing_admitted_waits_out_the_settle_window() -> None:
 def test_deletion_without_assignment_releases_at_once() -> None:
     d = m.decide(obs(replica(0), deleting=True))
     assert isinstance(d.step, Release) and d.patch is None
+
+
+@pytest.mark.parametrize("lookup", [
+    Lookup(record=record(Status.FAILED, uncertain=True)),
+    Lookup(tombstone={"status": "failed", "uncertain_outcome": True, "archived": True}),
+])
+def test_an_uncertain_record_found_on_deletion_is_announced(lookup: Lookup) -> None:
+    """I5 in every path: the released CrewJob cannot show it in status any more, so the
+    Warning Event and the metric (``uncertain_reason``) must."""
+    d = m.decide(obs(replica(0), status=assigned(), deleting=True,
+                     memory=Memory(lookup=lookup)))
+    assert isinstance(d.step, Release) and d.warning is not None
+    assert d.warning.uncertain_reason == Reason.RECORD_UNCERTAIN.value
+    assert d.warning.reason == "OutcomeUncertainRecordUncertain"
+
+
+def test_a_certain_record_found_on_deletion_is_released_quietly() -> None:
+    d = m.decide(obs(replica(0), status=assigned(), deleting=True,
+                     memory=Memory(lookup=Lookup(record=record(Status.COMPLETED)))))
+    assert isinstance(d.step, Release) and d.warning is None
 
 
 def test_deletion_looks_at_the_intended_replica_and_cancels_a_running_record() -> None:
