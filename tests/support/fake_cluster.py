@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from crewfence_operator.crewjob.output import ConfigMapFit, configmap_fit
 from crewfence_operator.handlers.crewjob import merge_status
 
 
@@ -35,8 +36,14 @@ class FakeCluster:
         self.statuses[name] = merge_status(self.statuses.get(name, {}), patch)
         return self.statuses[name]
 
-    async def create_configmap(self, body: Mapping[str, Any]) -> None:
-        self.configmaps.setdefault(body["metadata"]["name"], body)
+    async def create_configmap(self, body: Mapping[str, Any]) -> bool:
+        name = body["metadata"]["name"]
+        existing = self.configmaps.get(name)
+        fit = ConfigMapFit.REPLACE if existing is None else configmap_fit(existing, body)
+        if fit is ConfigMapFit.FOREIGN:
+            return False
+        self.configmaps[name] = body
+        return True
 
     async def endpoint_options(self, namespace: str, crew: str,
                                ordinal: int) -> dict[str, Any]:

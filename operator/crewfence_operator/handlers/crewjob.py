@@ -47,7 +47,12 @@ from crewfence_operator.crewjob.machine import (
     Wait,
 )
 from crewfence_operator.crewjob.outcome import Phase
-from crewfence_operator.crewjob.output import CONFIGMAP_KEY
+from crewfence_operator.crewjob.output import (
+    CONFIGMAP_KEY,
+    ConfigMapFit,
+    configmap_fit,
+    foreign_configmap_note,
+)
 from crewfence_operator.crewjob.replicas import Replica, parse_replicas
 from crewfence_operator.crewjob.spec import JobSpec, SpecError
 from crewfence_operator.crewjob.status import Cancellation, Progress
@@ -86,7 +91,9 @@ class ClusterIO(Protocol):
                            patch: Mapping[str, Any]) -> Mapping[str, Any] | None: ...
     """Merge-patch the status; the status as written (None when the API gave none back)."""
 
-    async def create_configmap(self, body: Mapping[str, Any]) -> None: ...
+    async def create_configmap(self, body: Mapping[str, Any]) -> bool: ...
+    """Store the output ConfigMap (``crewjob/output.configmap_fit``); False when a foreign
+    ConfigMap of that name exists (left alone)."""
 
     async def endpoint_options(self, namespace: str, crew: str,
                                ordinal: int) -> dict[str, Any]: ...
@@ -147,8 +154,8 @@ class KubeIO:
             raise
         return (obj or {}).get("status") if isinstance(obj, Mapping) else None
 
-    async def create_configmap(self, body: Mapping[str, Any]) -> None:
-        await asyncio.to_thread(kube.create_if_absent, dict(body))
+    async def create_configmap(self, body: Mapping[str, Any]) -> bool:
+        return await asyncio.to_thread(_store_configmap, dict(body))
 
     async def endpoint_options(self, namespace: str, crew: str,
                                ordinal: int) -> dict[str, Any]:
@@ -197,6 +204,26 @@ def runtime_of(memo: Any) -> Runtime:
 
 
 # --- the driver ----------------------------------------------------------------------------------
+def _store_configmap(body: dict[str, Any]) -> bool:
+    """Create the output ConfigMap, or take over an earlier one (see ``configmap_fit``)."""
+    meta = body["metadata"]
+    for _ in range(5):  # each turn is a create or a guarded replace that lost a race
+        if kube.create_if_absent(body):
+            return True
+        existing = kube.get_configmap(meta["namespace"], meta["name"])
+        if existing is None:
+            continue  # garbage-collected between the two calls
+        fit = configmap_fit(existing, body)
+        if fit is ConfigMapFit.OURS:
+            return True
+        if fit is ConfigMapFit.FOREIGN:
+            return False
+        version = (existing.get("metadata") or {}).get("resourceVersion")
+        if version and kube.replace_configmap(body, str(version)):
+            return True
+    raise kopf.TemporaryError(f"ConfigMap {meta['name']} kept changing under us", delay=1)
+
+
 def configmap_body(body: Mapping[str, Any], name: str, value: str) -> dict[str, Any]:
     meta = body["metadata"]
     return {
@@ -214,14 +241,24 @@ def configmap_body(body: Mapping[str, Any], name: str, value: str) -> dict[str, 
     }
 
 
+def without_configmap(patch: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """The terminal patch when a foreign ConfigMap holds the output's name: no pointer to it,
+    and a note saying why the full output is not stored."""
+    output = {k: v for k, v in (patch.get("output") or {}).items() if k != "configMap"}
+    output["configMap"] = None
+    output["configMapError"] = foreign_configmap_note(name)
+    return {**patch, "output": output}
+
+
 def merge_status(status: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
     """RFC 7386 merge of a status patch (what the API server does; null deletes)."""
     out = dict(status)
     for key, value in patch.items():
         if value is None:
             out.pop(key, None)
-        elif isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
-            out[key] = merge_status(out[key], value)
+        elif isinstance(value, Mapping):
+            current = out.get(key)
+            out[key] = merge_status(current if isinstance(current, Mapping) else {}, value)
         else:
             out[key] = value
     return out
@@ -321,11 +358,14 @@ class JobDriver:
                 metrics.observe_uncertain_outcome(decision.warning.uncertain_reason)
             self.rt.io.warn(self.body, decision.warning.reason, decision.warning.message)
         step = decision.step
+        patch = decision.patch
         if isinstance(step, Finish) and step.output is not None and step.configmap:
-            await self.rt.io.create_configmap(
+            stored = await self.rt.io.create_configmap(
                 configmap_body(self.body, step.configmap, step.output.configmap_value))
-        if decision.patch is not None:
-            await self.write(decision.patch)
+            if not stored and patch is not None:
+                patch = without_configmap(patch, step.configmap)
+        if patch is not None:
+            await self.write(patch)
         if isinstance(step, Finish):
             self.done = True
             log.info("crewjob %s/%s: %s (%s)%s", self.namespace, self.name,
