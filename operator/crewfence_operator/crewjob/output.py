@@ -80,7 +80,8 @@ class ConfigMapFit(StrEnum):
     """Owned by this CrewJob (its uid) and holding exactly this output: nothing to do."""
     REPLACE = "replace"
     """Ours with other data, or left by an earlier CrewJob of the same name (deleted and
-    re-applied, not yet garbage-collected): rewrite it with this CrewJob as its owner."""
+    re-applied, not yet garbage-collected, or orphaned): rewrite it with this CrewJob as its
+    owner."""
     FOREIGN = "foreign"
     """Somebody else's: never touched; the status says the full output is not stored."""
 
@@ -97,7 +98,9 @@ def configmap_fit(existing: Mapping[str, Any], wanted: Mapping[str, Any]) -> Con
         return ConfigMapFit.OURS
     labels = meta.get("labels") or {}
     same_job = {k: labels.get(k) for k in want_meta["labels"]} == want_meta["labels"]
-    earlier = bool(owners) and all(
+    # Left by an earlier CrewJob of this name: still owned by it, or orphaned (deleted with
+    # --cascade=orphan: the garbage collector removed the owner reference, our labels stay).
+    earlier = all(
         o.get("kind") == want_meta["ownerReferences"][0]["kind"]
         and o.get("name") == want_meta["ownerReferences"][0]["name"] for o in owners)
     if ours or (same_job and earlier):

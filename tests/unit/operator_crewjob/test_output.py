@@ -85,6 +85,8 @@ def test_a_configmap_of_this_crewjob_with_this_output_is_ours() -> None:
 @pytest.mark.parametrize("existing", [
     _cm("u1", "other output"),   # ours, other data
     _cm("u0", "old output"),     # the previous CrewJob of this name (deleted, re-applied)
+    {**_cm("u0", "old"), "metadata": {**_cm("u0", "old")["metadata"],
+                                      "ownerReferences": []}},   # orphaned by its CrewJob
 ])
 def test_ours_with_other_data_or_an_earlier_crewjobs_is_replaced(existing: Any) -> None:
     assert configmap_fit(existing, _cm("u1", "out")) is ConfigMapFit.REPLACE
