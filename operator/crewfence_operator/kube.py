@@ -163,6 +163,19 @@ def read_secret_value(namespace: str, name: str, key: str) -> str | None:
     return base64.b64decode(raw).decode() if raw else None
 
 
+def replace_configmap(body: dict[str, Any], resource_version: str) -> bool:
+    """Replace a ConfigMap guarded by its resourceVersion; False when it changed or went."""
+    meta = body["metadata"]
+    guarded = {**body, "metadata": {**meta, "resourceVersion": resource_version}}
+    try:
+        core().replace_namespaced_config_map(meta["name"], meta["namespace"], guarded)
+    except ApiException as exc:
+        if exc.status in (404, 409):
+            return False
+        raise
+    return True
+
+
 def get_configmap(namespace: str, name: str) -> dict[str, Any] | None:
     try:
         return to_dict(core().read_namespaced_config_map(name, namespace))
@@ -207,6 +220,17 @@ def delete_claim(namespace: str, name: str) -> None:
 def list_pods(namespace: str, label_selector: str | None = None) -> list[dict[str, Any]]:
     result = core().list_namespaced_pod(namespace, label_selector=label_selector)
     return [to_dict(item) for item in result.items]
+
+
+def patch_pod(namespace: str, name: str, patch: dict[str, Any]) -> bool:
+    """Merge-patch a pod; False when it changed meanwhile (409) or is gone (404)."""
+    try:
+        core().patch_namespaced_pod(name, namespace, patch, _content_type=MERGE_PATCH)
+    except ApiException as exc:
+        if exc.status in (404, 409):
+            return False
+        raise
+    return True
 
 
 def delete_pod(namespace: str, name: str, uid: str | None = None) -> None:

@@ -25,6 +25,7 @@ from kubernetes.client.exceptions import ApiException
 from crewfence_operator import config, kube
 from crewfence_operator import constants as c
 from crewfence_operator.crewjob.machine import Gate, MachineSettings, Memory
+from crewfence_operator.crewjob.output import ConfigMapFit, configmap_fit
 from crewfence_operator.sidecar_client import Timeouts
 from crewfence_operator.supersedes_gate import admission_gate
 from crewfence_operator.transport import cert_source
@@ -56,7 +57,9 @@ class ClusterIO(Protocol):
                            patch: Mapping[str, Any]) -> Mapping[str, Any] | None: ...
     """Merge-patch the status; the status as written (None when the API gave none back)."""
 
-    async def create_configmap(self, body: Mapping[str, Any]) -> None: ...
+    async def create_configmap(self, body: Mapping[str, Any]) -> bool: ...
+    """Store the output ConfigMap (``crewjob/output.configmap_fit``); False when a foreign
+    ConfigMap of that name exists (left alone)."""
 
     async def endpoint_options(self, namespace: str, crew: str,
                                ordinal: int) -> dict[str, Any]: ...
@@ -64,9 +67,32 @@ class ClusterIO(Protocol):
 
     def warn(self, body: Mapping[str, Any], reason: str, message: str) -> None: ...
 
+    async def claim_exists(self, namespace: str, name: str) -> bool | None: ...
+    """Whether a PersistentVolumeClaim exists; None when the API could not tell."""
+
 
 class ObjectGone(Exception):
     """The CrewJob disappeared while we worked on it."""
+
+
+def _store_configmap(body: dict[str, Any]) -> bool:
+    """Create the output ConfigMap, or take over an earlier one (see ``configmap_fit``)."""
+    meta = body["metadata"]
+    for _ in range(5):  # each turn is a create or a guarded replace that lost a race
+        if kube.create_if_absent(body):
+            return True
+        existing = kube.get_configmap(meta["namespace"], meta["name"])
+        if existing is None:
+            continue  # garbage-collected between the two calls
+        fit = configmap_fit(existing, body)
+        if fit is ConfigMapFit.OURS:
+            return True
+        if fit is ConfigMapFit.FOREIGN:
+            return False
+        version = (existing.get("metadata") or {}).get("resourceVersion")
+        if version and kube.replace_configmap(body, str(version)):
+            return True
+    raise kopf.TemporaryError(f"ConfigMap {meta['name']} kept changing under us", delay=1)
 
 
 class KubeIO:
@@ -105,8 +131,14 @@ class KubeIO:
             raise
         return (obj or {}).get("status") if isinstance(obj, Mapping) else None
 
-    async def create_configmap(self, body: Mapping[str, Any]) -> None:
-        await asyncio.to_thread(kube.create_if_absent, dict(body))
+    async def create_configmap(self, body: Mapping[str, Any]) -> bool:
+        return await asyncio.to_thread(_store_configmap, dict(body))
+
+    async def claim_exists(self, namespace: str, name: str) -> bool | None:
+        try:
+            return await asyncio.to_thread(kube.get_claim, namespace, name) is not None
+        except ApiException:
+            return None
 
     async def endpoint_options(self, namespace: str, crew: str,
                                ordinal: int) -> dict[str, Any]:

@@ -304,6 +304,37 @@ class SidecarClient:
         return _from_object(payload, contract.BulkArchiveResult.from_wire,
                             what="archive answer", status=status, uncertain=True)
 
+    async def tombstone_page(self, after: str = "",
+                             limit: int = contract.MAX_TOMBSTONES_PER_PAGE,
+                             ) -> tuple[list[contract.Tombstone], str | None]:
+        """``GET /admin/tombstones``: one page of tombstones and where the next one starts."""
+        url = self.endpoint.url(contract.TOMBSTONES_PATH,
+                                {"after": after, "limit": str(limit)})
+        status, payload, _ = await self._call("GET", url, limit=MAX_RECORD_BYTES,
+                                              invocation=False)
+
+        def parse(raw: dict[str, Any]) -> tuple[list[contract.Tombstone], str | None]:
+            try:
+                stones = [contract.Tombstone.from_wire(t) for t in raw["tombstones"]]
+            except contract.ContractError as exc:
+                raise ValueError(exc.message) from None
+            following = raw.get("next_after")
+            if following is not None and not isinstance(following, str):
+                raise ValueError("next_after must be a string or null")
+            return stones, following
+
+        return _from_object(payload, parse, what="tombstone page", status=status,
+                            uncertain=False)
+
+    async def import_tombstones(self, stones: list[contract.Tombstone],
+                                ) -> contract.TombstoneImportResult:
+        """``POST /admin/tombstones``: keep these tombstones in this replica's journal."""
+        status, payload, _ = await self._call(
+            "POST", self.endpoint.url(contract.TOMBSTONES_PATH), limit=MAX_RECORD_BYTES,
+            invocation=True, body={"tombstones": [t.to_wire() for t in stones]})
+        return _from_object(payload, contract.TombstoneImportResult.from_wire,
+                            what="tombstone import answer", status=status, uncertain=True)
+
     async def get_job(self, action_id: str) -> Lookup:
         status, payload, journal_id = await self._call(
             "GET", self.endpoint.job_url(action_id), limit=MAX_RECORD_BYTES,

@@ -32,6 +32,8 @@ EXACT_REPEAT_HEADER: Final = "X-Crewfence-Exact-Repeat"
 # --- administrative routes (crewfence extensions; bearer auth like every job route) ----------
 DRAIN_PATH: Final = "/admin/drain"
 BULK_ARCHIVE_PATH: Final = "/admin/archive"
+TOMBSTONES_PATH: Final = "/admin/tombstones"
+MAX_TOMBSTONES_PER_PAGE: Final = 500
 DRAINING_CODE: Final = "draining"
 """The ``code`` of the 503 a draining sidecar answers to a new admission."""
 DRAINING_RETRY_AFTER_SECONDS: Final = 30
@@ -241,6 +243,16 @@ def validate_id(name: str, value: object) -> str:
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+_SHA256_HEX_RE: Final = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _hex_digest(value: object) -> str:
+    """A lower-case hex SHA-256 digest (a request hash), or ValueError."""
+    if not isinstance(value, str) or not _SHA256_HEX_RE.match(value):
+        raise ValueError("request_hash must be a lower-case hex SHA-256 digest")
+    return value
 
 
 def encoded_size(value: Any) -> int:
@@ -540,6 +552,71 @@ class BulkArchiveResult:
         return cls(archived=tuple(archived))
 
 
+# --- tombstone hand-over (crewfence extension) -----------------------------------------------
+# A drained replica's journal is removed with its pod; its tombstones must not leave with it.
+# The operator pages them out (GET /admin/tombstones) and hands them to a surviving replica
+# (POST /admin/tombstones) before it removes the pod, so an action id admitted anywhere in the
+# Crew's life keeps answering 410 instead of running again.
+def parse_tombstone_page_query(after: str | None, raw_limit: str | None) -> tuple[str, int]:
+    """``?after=<action id>&limit=N`` of ``GET /admin/tombstones`` (400 otherwise)."""
+    try:
+        limit = MAX_TOMBSTONES_PER_PAGE if raw_limit is None else int(raw_limit)
+    except ValueError:
+        raise ContractError(400, "invalid_request", "limit must be an integer") from None
+    if not 1 <= limit <= MAX_TOMBSTONES_PER_PAGE:
+        raise ContractError(400, "invalid_request",
+                            f"limit must be 1..{MAX_TOMBSTONES_PER_PAGE}")
+    return after or "", limit
+
+
+def tombstone_page(stones: list[Tombstone], limit: int) -> dict[str, Any]:
+    """The answer of ``GET /admin/tombstones``: a page in action-id order, and where to go on."""
+    more = len(stones) == limit
+    return {"tombstones": [t.to_wire() for t in stones],
+            "next_after": stones[-1].action_id if more and stones else None}
+
+
+def parse_tombstone_import(body: object) -> tuple[Tombstone, ...]:
+    """``{"tombstones": [<tombstone>, ...]}`` of ``POST /admin/tombstones`` (400 otherwise)."""
+    if not isinstance(body, dict) or set(body) != {"tombstones"} \
+            or not isinstance(body["tombstones"], list) \
+            or len(body["tombstones"]) > MAX_TOMBSTONES_PER_PAGE:
+        raise ContractError(400, "invalid_request",
+                            'the body must be {"tombstones": [...]} with at most '
+                            f"{MAX_TOMBSTONES_PER_PAGE} entries")
+    try:
+        return tuple(Tombstone.from_wire(t) for t in body["tombstones"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ContractError(400, "invalid_request", f"a tombstone is malformed: {exc}") from None
+
+
+@dataclass(frozen=True)
+class TombstoneImportResult:
+    """The answer of ``POST /admin/tombstones``.
+
+    ``imported``: new here; ``known``: this journal already held the same tombstone (an
+    idempotent repeat); ``conflicts``: action ids this journal holds as a record or as a
+    tombstone of another request, never overwritten (an action admitted twice: shown, not
+    hidden).
+    """
+
+    imported: int
+    known: int
+    conflicts: tuple[str, ...] = ()
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"imported": self.imported, "known": self.known,
+                "conflicts": list(self.conflicts)}
+
+    @classmethod
+    def from_wire(cls, raw: dict[str, Any]) -> TombstoneImportResult:
+        imported, known, conflicts = raw["imported"], raw["known"], raw.get("conflicts", [])
+        if not _is_int(imported) or not _is_int(known) or not isinstance(conflicts, list) \
+                or not all(isinstance(a, str) for a in conflicts):
+            raise ValueError("imported and known must be integers, conflicts action ids")
+        return cls(imported=imported, known=known, conflicts=tuple(conflicts))
+
+
 # --- records and events ----------------------------------------------------------------------
 @dataclass
 class JobEvent:
@@ -644,6 +721,18 @@ class Tombstone:
             "archived_at": self.archived_at, "uncertain_outcome": self.uncertain_outcome,
             "archived": True,
         }
+
+    @classmethod
+    def from_wire(cls, raw: dict[str, Any]) -> Tombstone:
+        uncertain = raw.get("uncertain_outcome", False)
+        if not isinstance(uncertain, bool):
+            raise ValueError("uncertain_outcome must be a bool")
+        return cls(action_id=validate_id("action_id", raw["action_id"]),
+                   crew_id=validate_id("crew_id", raw["crew_id"]),
+                   operation=Operation(raw["operation"]).value,
+                   request_hash=_hex_digest(raw["request_hash"]),
+                   status=Status(raw["status"]), archived_at=str(raw["archived_at"]),
+                   uncertain_outcome=uncertain)
 
 
 def events_page(action_id: str, cursor: int, status: Status,

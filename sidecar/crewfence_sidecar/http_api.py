@@ -30,6 +30,7 @@ from crewfence_sidecar.contract import (
     PREFER_ASYNC,
     PREFER_HEADER,
     SCHEMA_VERSION,
+    TOMBSTONES_PATH,
     BulkArchiveResult,
     ContractError,
     JobRecord,
@@ -45,6 +46,9 @@ from crewfence_sidecar.contract import (
     parse_drain_request,
     parse_resolution_request,
     parse_start_request,
+    parse_tombstone_import,
+    parse_tombstone_page_query,
+    tombstone_page,
 )
 from crewfence_sidecar.credentials import TokenSource, matches
 from crewfence_sidecar.runtime import Admission, Draining, Gone, JournalUnavailable, Runtime
@@ -424,6 +428,24 @@ async def archive_older_than(request: web.Request) -> web.StreamResponse:
     return _json(200, result.to_wire(), _record_headers(request))
 
 
+async def list_tombstones(request: web.Request) -> web.StreamResponse:
+    """``GET /admin/tombstones?after=&limit=``: this journal's tombstones, a page at a time."""
+    after, limit = parse_tombstone_page_query(request.query.get("after"),
+                                              request.query.get("limit"))
+    stones = _runtime(request).journal.tombstone_page(after, limit)
+    return _json(200, tombstone_page(stones, limit), _record_headers(request))
+
+
+async def import_tombstones(request: web.Request) -> web.StreamResponse:
+    """``POST /admin/tombstones``: keep a retiring replica's tombstones here (durably)."""
+    stones = parse_tombstone_import(await _read_json(request))
+    try:
+        result = _runtime(request).import_tombstones(stones)
+    except JournalUnavailable as exc:
+        return _unavailable(exc)
+    return _json(200, result.to_wire(), _record_headers(request))
+
+
 async def health(request: web.Request) -> web.StreamResponse:
     rt = _runtime(request)
     s = request.app[SETTINGS_KEY]
@@ -436,6 +458,7 @@ async def health(request: web.Request) -> web.StreamResponse:
         "journal_id": rt.journal.journal_id,
         "active_runs": rt.active_runs,
         "retained_runs": len(rt.journal.records),
+        "tombstones": rt.journal.tombstone_count(),
         "max_retained_runs": s.max_retained_runs,
         "journal_bytes": rt.journal.state_bytes(),
         "max_state_bytes": s.max_state_bytes,
@@ -508,6 +531,8 @@ def build_app(runtime: Runtime, settings: ApiSettings) -> web.Application:
     r.add_post("/jobs/{action_id}/resolution", resolve_job)
     r.add_post(DRAIN_PATH, set_draining)
     r.add_post(BULK_ARCHIVE_PATH, archive_older_than)
+    r.add_get(TOMBSTONES_PATH, list_tombstones)
+    r.add_post(TOMBSTONES_PATH, import_tombstones)
     return app
 
 

@@ -17,7 +17,7 @@ import json
 import sqlite3
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -31,6 +31,7 @@ from crewfence_sidecar.contract import (
     JobRecord,
     Status,
     Tombstone,
+    TombstoneImportResult,
 )
 from crewfence_sidecar.fencing import create_journal_file
 
@@ -384,6 +385,16 @@ class Journal:
     def tombstone_count(self) -> int:
         return int(self._conn.execute("SELECT count(*) FROM tombstones").fetchone()[0])
 
+    def tombstone_page(self, after: str, limit: int) -> list[Tombstone]:
+        """Tombstones in action-id order, starting after ``after`` (the hand-over export)."""
+        rows = self._conn.execute(
+            "SELECT * FROM tombstones WHERE action_id > ? ORDER BY action_id LIMIT ?",
+            (after, limit)).fetchall()
+        return [Tombstone(action_id=r["action_id"], crew_id=r["crew_id"],
+                          operation=r["operation"], request_hash=r["request_hash"],
+                          status=_STATUS[r["status"]], archived_at=r["archived_at"],
+                          uncertain_outcome=bool(r["uncertain_outcome"])) for r in rows]
+
     def events(self, action_id: str, cursor: int = 0, limit: int = 1000) -> list[JobEvent]:
         rows = self._conn.execute(
             "SELECT sequence, event, data FROM events WHERE action_id = ? AND sequence >= ? "
@@ -540,6 +551,39 @@ class Journal:
             self.records.pop(stone.action_id, None)
             self._unloaded.discard(stone.action_id)
         return stones
+
+    def import_tombstones(self, stones: Iterable[Tombstone]) -> TombstoneImportResult:
+        """Take over another journal's tombstones (one durable transaction).
+
+        Invariant (a tombstone outlives its replica): an imported tombstone answers exactly
+        like one archived here (410 for an identical request, 409 for another). Nothing here
+        is ever overwritten: an action id this journal holds as a record, or as a tombstone of
+        another request, is a conflict, reported and left as it is. An identical tombstone is
+        ``known``, so a repeated hand-over changes nothing.
+        """
+        imported: list[Tombstone] = []
+        known = 0
+        conflicts: list[str] = []
+        for stone in stones:
+            if stone.action_id in self.records:
+                conflicts.append(stone.action_id)
+                continue
+            have = self.tombstone(stone.action_id)
+            if have is None:
+                imported.append(stone)
+            elif have.request_hash == stone.request_hash:
+                known += 1
+            else:
+                conflicts.append(stone.action_id)
+        if imported:
+            with self._tx() as conn:
+                for stone in imported:
+                    conn.execute("INSERT INTO tombstones VALUES (?, ?, ?, ?, ?, ?, ?)",
+                                 (stone.action_id, stone.crew_id, stone.operation,
+                                  stone.request_hash, stone.status.value,
+                                  int(stone.uncertain_outcome), stone.archived_at))
+        return TombstoneImportResult(imported=len(imported), known=known,
+                                     conflicts=tuple(conflicts))
 
     def resolution(self, action_id: str) -> JobEvent | None:
         """The action's journaled resolution event, if any (at most one exists)."""

@@ -29,6 +29,7 @@ from crewfence_sidecar.contract import (
     StartRequest,
     Status,
     Tombstone,
+    TombstoneImportResult,
     check_template_inputs,
     request_hash,
     validate_idempotency_key,
@@ -522,6 +523,22 @@ class Runtime:
                                      full=False) from None
         log.info("archived in bulk", extra={"count": len(stones), "older_than_s": seconds})
         return stones
+
+    def import_tombstones(self, stones: tuple[Tombstone, ...]) -> TombstoneImportResult:
+        """Take over a retiring replica's tombstones (see ``Journal.import_tombstones``).
+
+        Synchronous on purpose: an admission checks for a record and a tombstone and persists
+        its record without yielding to the event loop, so an import can never slip between
+        them and leave an action id both admitted and tombstoned.
+        """
+        try:
+            result = self.journal.import_tombstones(stones)
+        except PersistError:
+            raise JournalUnavailable("the journal could not persist the tombstones",
+                                     full=False) from None
+        log.info("tombstones imported", extra={"count": result.imported, "known": result.known,
+                                               "conflicts": len(result.conflicts)})
+        return result
 
     # --- draining --------------------------------------------------------------------------
     def drain_state(self) -> DrainState:

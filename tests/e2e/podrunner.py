@@ -323,6 +323,10 @@ class PodWorker:
         env = {k: rewrite(v, mounts) for k, v in env.items()}
         env.setdefault("HOME", str(rootfs))
         env["PATH"] = f"{VENV_BIN}:{env['PATH']}" if "PATH" in env else BASE_PATH
+        if os.environ.get("PYTHONPATH"):
+            # The "image" is this checkout: a second work tree sharing one virtualenv puts its
+            # own sources first with PYTHONPATH, and its containers must run them too.
+            env["PYTHONPATH"] = os.environ["PYTHONPATH"]
         argv = [expand(a, env) for a in (spec.get("command") or []) + (spec.get("args") or [])]
         argv = resolve_command(argv, env["PATH"], mounts)
         working_dir = spec.get("workingDir")

@@ -229,6 +229,50 @@ def test_bulk_archive_tombstones_then_the_drained_replica_goes_and_its_claim_sta
     assert not crew["status"].get("retainedClaims")
 
 
+def test_a_removed_replicas_tombstone_still_refuses_a_second_run(
+    cluster: Cluster, operator_process: Operator, namespace: str
+) -> None:
+    """Issue 19, invariant "a tombstone outlives its replica": an Action that ran on replica 1
+    and was archived there is not run again after replica 1 is scaled away and removed; the
+    re-applied manifest ends with the archived outcome, and no replica admits anything."""
+    assert apply_obj(cluster, research_crew(2), namespace).returncode == 0
+    wait_crew_ready(cluster, namespace, CREW, 2)
+    job, _ = _run_on(cluster, namespace, 1, "handover")
+    name = job["metadata"]["name"]
+    action = f"{namespace}/{name}"
+    cluster.kubectl("delete", "crewjob", name, "-n", namespace, "--wait=true", "--timeout=120s",
+                    check=True)
+    _scale(cluster, namespace, 1)
+    entry = _wait_draining(cluster, namespace, 1)
+    access = crew_access(cluster, namespace, CREW)
+    status, _, body = _http(entry, "POST", "/admin/archive", access, {"older_than_seconds": 0},
+                            {"X-AIP-Archive-Confirmation": "older-than:0"})
+    assert status == 200 and body["archived"] == [action], body
+
+    def removed() -> bool:
+        listed = [r["ordinal"] for r in crew_replicas(cluster, namespace, CREW)]
+        return listed == [0] and f"{CREW}-1" not in _pods(cluster, namespace)
+
+    wait_for(removed, timeout=120, what="replica 1 to be removed after its hand-over")
+    claim = _claim(cluster, namespace, f"{CREW}-state-1")
+    assert claim is not None
+    assert claim["metadata"]["annotations"].get("crewfence.dev/tombstones-handed-over", "") \
+        .endswith(":1"), claim["metadata"]
+    replica0 = _entry(cluster, namespace, 0)
+    assert replica0 is not None
+    assert sidecar_get(replica0, f"/jobs/{quote(action, safe='')}", access)[0] == 410
+    admitted = _admissions(cluster, namespace)
+
+    # GitOps resync of the pruned manifest: the tombstone answers, nothing runs.
+    assert apply_obj(cluster, job, namespace).returncode == 0
+    again = wait_phase(cluster, namespace, name)["status"]
+    assert again["phase"] == "Succeeded", json.dumps(again)
+    reasons = {cond["type"]: cond.get("reason") for cond in again.get("conditions") or []}
+    assert "Archived" in reasons.values(), json.dumps(again)
+    assert not again.get("uncertainOutcome")
+    assert _admissions(cluster, namespace) == admitted == {0: 0.0}, "nothing was admitted"
+
+
 def test_retention_archives_on_schedule_and_delete_setting_removes_the_claim(
     cluster: Cluster, operator_process: Operator, namespace: str
 ) -> None:

@@ -107,3 +107,71 @@ def test_cancel_during_a_sidecar_restart(cluster: Cluster, ns: str,
     assert (record["status"], record["uncertain_outcome"]) == ("failed", True)
     assert admissions(cluster, ns) == 0  # the restarted process admitted nothing again
     assert get_job(cluster, ns, "cancel-restart")["status"]["phase"] == "Failed"
+
+
+def test_crew_deleted_with_orphan_and_recreated_continues_the_job(
+        cluster: Cluster, ns: str) -> None:
+    """Issue 19: a missing Crew object alone is no lost journal. ``--cascade=orphan`` leaves
+    pod and claim; the job waits (CrewNotFound, never JournalLost), the re-created Crew adopts
+    its pod (not fenced as foreign) and the job ends with the record's own outcome."""
+    job = crewjob_manifest("orphan-crew", "run", {"topic": "[[sleep:20]] orphan crew"})
+    assert apply_obj(cluster, job, ns).returncode == 0
+    wait_phase(cluster, ns, "orphan-crew", ("Running",), timeout=180)
+    before = admissions(cluster, ns)
+    crew = cluster.get_json("crew", "research", "-n", ns)
+    cluster.kubectl("delete", "crew", "research", "-n", ns, "--cascade=orphan", "--wait=true",
+                    "--timeout=60s", check=True)
+    waiting = wait_for(
+        lambda: (o := get_job(cluster, ns, "orphan-crew")) and
+        (o.get("status") or {}).get("reason") == "CrewNotFound" and o,
+        timeout=60, what="the job to wait for its Crew")
+    assert waiting["status"]["phase"] == "Running" and not waiting["status"].get(
+        "uncertainOutcome"), json.dumps(waiting["status"])
+    assert "still exists" in waiting["status"]["message"]
+    pod = cluster.get_json("pod", "research-0", "-n", ns)
+    assert pod is not None and not pod["metadata"].get("ownerReferences"), \
+        "the garbage collector orphaned the pod"
+
+    assert apply_obj(cluster, research_crew(1), ns).returncode == 0
+    status = wait_phase(cluster, ns, "orphan-crew", timeout=240)["status"]
+    assert (status["phase"], status.get("uncertainOutcome", False)) == ("Succeeded", False), \
+        json.dumps(status)
+    adopted = cluster.get_json("pod", "research-0", "-n", ns)
+    new_crew = cluster.get_json("crew", "research", "-n", ns)
+    assert new_crew["metadata"]["uid"] != crew["metadata"]["uid"]
+    assert [r["uid"] for r in adopted["metadata"]["ownerReferences"]] == [
+        new_crew["metadata"]["uid"]]
+    replicas = crew_replicas(cluster, ns, "research")
+    assert not any(r.get("fenced") for r in replicas), json.dumps(replicas)
+    assert admissions(cluster, ns) == before, "nothing was admitted a second time"
+
+
+def test_the_output_configmap_is_this_crewjobs_or_the_status_says_why_not(
+        cluster: Cluster, ns: str) -> None:
+    """Issue 19: never point status at a ConfigMap that is not this CrewJob's output."""
+    foreign = {"apiVersion": "v1", "kind": "ConfigMap",
+               "metadata": {"name": "taken-output"}, "data": {"output": "somebody else's"}}
+    assert apply_obj(cluster, foreign, ns).returncode == 0
+    assert apply_obj(cluster, crewjob_manifest("taken", "run", {"topic": "cm"}),
+                     ns).returncode == 0
+    status = wait_phase(cluster, ns, "taken")["status"]
+    assert status["phase"] == "Succeeded" and "configMap" not in status["output"]
+    assert "does not belong to this CrewJob" in status["output"]["configMapError"]
+    kept = cluster.get_json("configmap", "taken-output", "-n", ns)
+    assert kept["data"] == {"output": "somebody else's"} and not kept["metadata"].get(
+        "ownerReferences"), "a foreign ConfigMap is never touched"
+
+    # Deleted with --cascade=orphan and re-applied: the earlier object's ConfigMap is taken
+    # over by the new CrewJob (owner uid) and still holds the output.
+    job = crewjob_manifest("again", "run", {"topic": "cm again"})
+    assert apply_obj(cluster, job, ns).returncode == 0
+    first = wait_phase(cluster, ns, "again")
+    cluster.kubectl("delete", "crewjob", "again", "-n", ns, "--cascade=orphan", "--wait=true",
+                    "--timeout=60s", check=True)
+    assert apply_obj(cluster, job, ns).returncode == 0
+    second = wait_phase(cluster, ns, "again")
+    assert second["metadata"]["uid"] != first["metadata"]["uid"]
+    assert second["status"]["output"]["configMap"]["name"] == "again-output"
+    cm = cluster.get_json("configmap", "again-output", "-n", ns)
+    assert [r["uid"] for r in cm["metadata"]["ownerReferences"]] == [second["metadata"]["uid"]]
+    assert second["status"]["output"]["sha256"] == first["status"]["output"]["sha256"]

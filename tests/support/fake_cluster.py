@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from crewfence_operator.crewjob.output import ConfigMapFit, configmap_fit
 from crewfence_operator.handlers.crewjob import merge_status
 
 
@@ -22,6 +23,8 @@ class FakeCluster:
     patches: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     configmaps: dict[str, Mapping[str, Any]] = field(default_factory=dict)
     warnings: list[tuple[str, str]] = field(default_factory=list)
+    claims: set[str] = field(default_factory=set)
+    """State claims that exist (read only while the Crew does not serve the assigned one)."""
 
     async def read_crew(self, namespace: str, crew: str) -> tuple[Mapping[str, Any] | None,
                                                                   str | None]:
@@ -33,12 +36,21 @@ class FakeCluster:
         self.statuses[name] = merge_status(self.statuses.get(name, {}), patch)
         return self.statuses[name]
 
-    async def create_configmap(self, body: Mapping[str, Any]) -> None:
-        self.configmaps.setdefault(body["metadata"]["name"], body)
+    async def create_configmap(self, body: Mapping[str, Any]) -> bool:
+        name = body["metadata"]["name"]
+        existing = self.configmaps.get(name)
+        fit = ConfigMapFit.REPLACE if existing is None else configmap_fit(existing, body)
+        if fit is ConfigMapFit.FOREIGN:
+            return False
+        self.configmaps[name] = body
+        return True
 
     async def endpoint_options(self, namespace: str, crew: str,
                                ordinal: int) -> dict[str, Any]:
         return {}  # plain HTTP: the double speaks no TLS
+
+    async def claim_exists(self, namespace: str, name: str) -> bool | None:
+        return name in self.claims
 
     def warn(self, body: Mapping[str, Any], reason: str, message: str) -> None:
         self.warnings.append((reason, message))

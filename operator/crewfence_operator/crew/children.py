@@ -10,8 +10,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kubernetes.client.exceptions import ApiException
+
 from crewfence_operator import constants as c
 from crewfence_operator import kube
+from crewfence_operator.crew.adoption import adoption_patch, is_orphan
 from crewfence_operator.crew.identity import CrewRef, parse_ordinal, state_claim_labels
 from crewfence_operator.crew.pod import PodSettings, pod_claims, replica_pod
 from crewfence_operator.crew.resources import (
@@ -166,6 +169,7 @@ def ensure(
         if not kube.exists("Service", crew.namespace, c.service_name(crew.name)):
             kube.create_if_absent(headless_service(crew, settings.port))
     snap = observe(crew, spec, pods)
+    adopt_orphans(crew, snap)
     if settings.sidecar_tls and full:
         # Before any pod that mounts them: the Crew CA and each replica's certificate
         # (re-issued before expiry and once the pod's IP is known).
@@ -182,6 +186,25 @@ def ensure(
             _ensure_claim(crew, spec, ordinal)
     create_pods(crew, spec, settings, snap, range(spec.replicas))
     return snap
+
+
+def adopt_orphans(crew: CrewRef, snap: Snapshot) -> None:
+    """Make this Crew the controller of its orphaned pods and claims again (``adoption``);
+    the snapshot's objects are updated in place, so this pass's audit sees them as ours."""
+    for pod in snap.pods.values():
+        if is_orphan(pod, crew) and kube.patch_pod(
+                crew.namespace, pod["metadata"]["name"], adoption_patch(pod, crew)):
+            pod["metadata"] = {**pod["metadata"], **adoption_patch(pod, crew)["metadata"]}
+    for claim in snap.claims.values():
+        if is_orphan(claim, crew):
+            patch = adoption_patch(claim, crew)
+            try:
+                kube.patch_claim(crew.namespace, claim["metadata"]["name"], patch)
+            except ApiException as exc:
+                if exc.status not in (404, 409):
+                    raise
+                continue
+            claim["metadata"] = {**claim["metadata"], **patch["metadata"]}
 
 
 def create_pods(

@@ -11,6 +11,13 @@ Invariants kept here (each has a unit test in tests/unit/operator_crew/test_scal
   id. Draining refuses admissions, so that zero cannot grow afterwards. The answer is written
   onto the claim (``RELEASED_ANNOTATION``) before the pod goes, so it survives an operator
   restart; only a claim carrying it may be deleted, and only with ``storage.whenScaled: Delete``.
+- **A tombstone outlives its replica.** Archived records leave tombstones, and a tombstone is
+  what makes a later identical request answer 410 instead of running again. A drained
+  replica whose journal holds tombstones is removed only after every one of them was handed
+  over to a serving replica (``GET``/``POST /admin/tombstones``), which the claim records
+  (``HANDED_OVER_ANNOTATION``: journal id and count) before the pod goes. With no serving
+  replica to take them (scaled to zero, or none answering), the replica stays, draining.
+  A sidecar that cannot report its tombstones stays too.
 - **Every journal that may hold an action is listed** (``Active``, ``Draining`` or
   ``Retained``; see :class:`ReplicaState`), so the CrewJob probe asks it before any admission.
 - **Scaling back up undrains**: a replica at an ordinal below ``spec.replicas`` whose sidecar
@@ -28,6 +35,8 @@ from crewfence_operator.crew.status import Health, ReplicaState, RetainedClaim
 
 RELEASED_ANNOTATION = f"{c.GROUP}/journal-empty"
 """On a state claim: its draining sidecar reported zero unarchived records (value: journal id)."""
+HANDED_OVER_ANNOTATION = f"{c.GROUP}/tombstones-handed-over"
+"""On a state claim: ``<journal id>:<count>`` of the tombstones handed over to serving replicas."""
 RETAINED_ANNOTATION = f"{c.GROUP}/retained-runs"
 """Written by operators before draining existed: records its sidecar reported at pod removal."""
 
@@ -46,6 +55,9 @@ class ExcessReplica:
     health: Health | None
     delete_claim_when_empty: bool = False
     """``storage.whenScaled: Delete``."""
+    survivors: tuple[int, ...] = ()
+    """Serving replicas (below ``spec.replicas``, answering, not draining, not fenced) that can
+    take this replica's tombstones over."""
 
 
 @dataclass(frozen=True)
@@ -61,10 +73,17 @@ class Decision:
     """A (draining) pod for a claim kept without one."""
     annotate: Mapping[str, str | None] | None = None
     """Claim annotations to set (None removes one), before deleting the pod."""
+    hand_over_to: tuple[int, ...] = ()
+    """Hand the journal's tombstones over to these serving replicas, then mark the claim."""
     delete_pod: bool = False
     delete_claim: bool = False
     retained: RetainedClaim | None = None
     """The claim as listed in ``status.retainedClaims`` (kept for compatibility)."""
+
+
+def handed_over_mark(journal_id: str, tombstones: int) -> str:
+    """The value of ``HANDED_OVER_ANNOTATION`` once ``tombstones`` of ``journal_id`` moved."""
+    return f"{journal_id}:{tombstones}"
 
 
 def claim_released(claim_obj: Mapping[str, Any] | None) -> bool:
@@ -122,8 +141,30 @@ def _live_pod(ex: ExcessReplica) -> Decision:
             ex.ordinal, ex.claim, draining,
             f"draining: journal holds {shown} unarchived record(s)", annotate=_unreleased(ex),
             retained=_kept(ex, records, f"journal holds {shown} unarchived record(s)"))
+    stones = health.tombstones
+    if stones is None:
+        return Decision(
+            ex.ordinal, ex.claim, draining,
+            "draining: this sidecar cannot report its tombstones; kept (upgrade its image)",
+            retained=RetainedClaim(ordinal=ex.ordinal, claim=ex.claim, retained_runs=0,
+                                   reason="its tombstones cannot be handed over"))
+    moved = _annotations(ex.claim_obj).get(HANDED_OVER_ANNOTATION)
+    if stones and moved != handed_over_mark(health.journal_id, stones):
+        if not ex.survivors:
+            return Decision(
+                ex.ordinal, ex.claim, draining,
+                f"draining: journal holds {stones} tombstone(s) and no serving replica can "
+                "take them over; kept so that archived actions never run again",
+                retained=RetainedClaim(
+                    ordinal=ex.ordinal, claim=ex.claim, retained_runs=0,
+                    reason=f"its {stones} tombstone(s) wait for a serving replica"))
+        return Decision(
+            ex.ordinal, ex.claim, draining,
+            f"draining: handing {stones} tombstone(s) over to replica(s) "
+            f"{', '.join(map(str, ex.survivors))}", hand_over_to=ex.survivors)
     return Decision(ex.ordinal, ex.claim, draining,
-                    "draining: journal holds no unarchived record; removing the pod",
+                    "draining: journal holds no unarchived record and its tombstones live on; "
+                    "removing the pod",
                     annotate={RELEASED_ANNOTATION: health.journal_id}, delete_pod=True)
 
 

@@ -38,6 +38,8 @@ class Health:
     draining: bool | None = None
     """None: the sidecar did not say (a sidecar without draining mode)."""
     unarchived_records: int | None = None
+    tombstones: int | None = None
+    """Tombstones in the journal; None: the sidecar did not say (it cannot hand them over)."""
     model_credentials: Mapping[str, Mapping[str, Any]] | None = None
     """Per declarative crew id: ``{model, hosted, credentials: present|missing|not_needed}``;
     None: the sidecar did not say."""
@@ -58,6 +60,7 @@ class Health:
             active_runs=opt_int("active_runs"),
             draining=draining if isinstance(draining, bool) else None,
             unarchived_records=opt_int("unarchived_records"),
+            tombstones=opt_int("tombstones"),
             model_credentials=(
                 {str(k): v for k, v in credentials.items() if isinstance(v, Mapping)}
                 if isinstance(credentials, Mapping) else None),

@@ -24,11 +24,17 @@ I2  Never a verdict while the outcome can still be learned. A lost admission ans
 I3  Cancel and deletion (``deletionPolicy: Cancel``) reach the sidecar whenever the record may be
     running: failed cancels are retried with capped backoff; a deletion with an assignment looks
     at the intended replica (through the settle window) before letting go.
-I4  A Crew or assigned claim that is gone ends the job within ``gone_grace_seconds`` as
-    ``Failed``, uncertain, ``JournalLost``, with the recovery text.
+I4  Only an assigned claim that is gone (or a changed journal id) loses the journal: it ends
+    the job within ``gone_grace_seconds`` as ``Failed``, uncertain, ``JournalLost``, with the
+    recovery text. A missing Crew object, a replica the Crew no longer lists or a renamed
+    claim, while the claim itself exists (or cannot be read), means wait, with a reason that
+    names it; the job continues once a Crew serves the claim again.
 I5  Every uncertain verdict carries its reason and recovery text (``outcome.RECOVERY``), and the
     record's ``uncertain_outcome`` and error ``code`` decide verdicts
     (``outcome.verdict_from_record``).
+I6  No verdict before the probe. A CrewJob's status can be new while its action is not (GitOps
+    prune and re-apply): ``cancel: true`` and the admission gate are decided only after every
+    replica answered that it does not know the action; one that does is attached to.
 
 The admission gate: :class:`Gate` is the one place where a "wait: predecessor not resolved"
 check (``spec.supersedes``) plugs in; it is consulted only before the first admission.
@@ -83,6 +89,8 @@ class MachineSettings:
     """How long a missing Crew or assigned claim is tolerated before JournalLost (a bound)."""
     deletion_wait_seconds: float = 30.0
     """With deletionPolicy Cancel: how long a deletion waits for the sidecar's answer."""
+    full_retry_seconds: float = 60.0
+    """How long a replica whose journal answered 507 (full) is passed over for this job."""
 
     def backoff(self, failures: int) -> float:
         if failures <= 0:
@@ -170,6 +178,9 @@ class Observation:
     deleting: bool = False
     gate: Gate = OPEN_GATE
     settings: MachineSettings = field(default_factory=MachineSettings)
+    assigned_claim_exists: bool | None = None
+    """Whether the assigned state claim object exists, read only while the Crew does not list
+    it (deleted Crew, removed replica, renamed claim); None: not read, or unreadable."""
 
 
 # --- steps ---------------------------------------------------------------------------------------
@@ -258,6 +269,8 @@ class Known:
     assigned_at: float | None
     cancellation: Cancellation
     started: bool
+    full: Mapping[int, tuple[str | None, float]] = field(default_factory=dict)
+    """``status.journalFull``: ordinal -> (journal id, when) of replicas that answered 507."""
 
     @classmethod
     def from_status(cls, status: Mapping[str, Any]) -> Known:
@@ -272,7 +285,17 @@ class Known:
                    assignment=Assignment.from_status(raw_assignment),
                    assigned_at=parse_time(raw_assignment.get("assignedAt")),
                    cancellation=Cancellation.from_status(status.get("cancellation")),
-                   started=bool(status.get("startedAt")))
+                   started=bool(status.get("startedAt")),
+                   full=_full_journals(status.get("journalFull")))
+
+
+def _full_journals(raw: object) -> dict[int, tuple[str | None, float]]:
+    out: dict[int, tuple[str | None, float]] = {}
+    for entry in raw if isinstance(raw, list) else []:
+        if isinstance(entry, Mapping) and isinstance(entry.get("ordinal"), int):
+            at = parse_time(entry.get("at"))
+            out[int(entry["ordinal"])] = (entry.get("journalId"), at or 0.0)
+    return out
 
 
 def parse_time(raw: object) -> float | None:
@@ -414,14 +437,13 @@ def decide(obs: Observation) -> Decision:
 
 # --- before the first admission ---------------------------------------------------------------
 def _before_admission(ctx: _Ctx) -> Decision:
-    """I1: nothing was ever sent (the assignment is written before any POST)."""
+    """I1: nothing was ever sent from this object's status (the assignment is written before
+    any POST). I6: the status may be new while the action is not (a deleted and re-applied
+    manifest), so no verdict is written before the probe says where the action lives: a
+    ``cancel: true`` finishes "nothing was dispatched" and the gate (``spec.supersedes``)
+    decides only once every replica answered that it does not know the action; an action
+    found anywhere is attached to (and cancelled there, when asked)."""
     obs, spec, s = ctx.obs, ctx.spec, ctx.settings
-    if spec.cancel:
-        return ctx.finish(outcome.cancelled_before_admission())
-    if obs.gate.refusal is not None:
-        return ctx.finish(obs.gate.refusal)
-    if not obs.gate.open:
-        return ctx.wait(s.retry_seconds, Phase.PENDING, obs.gate.reason, obs.gate.message)
     crew = obs.crew
     if crew is None:
         return ctx.wait(s.retry_seconds, Phase.PENDING, Reason.CREW_NOT_FOUND,
@@ -444,11 +466,23 @@ def _before_admission(ctx: _Ctx) -> Decision:
         return ctx.wait(s.retry_seconds, Phase.PENDING, Reason.WAITING_FOR_REPLICAS,
                         f"replica(s) {names} of Crew {spec.crew!r} may hold this action's journal "
                         "and cannot answer; waiting before any admission")
+    if spec.cancel:
+        return ctx.finish(outcome.cancelled_before_admission())
+    if obs.gate.refusal is not None:
+        return ctx.finish(obs.gate.refusal)
+    if not obs.gate.open:
+        return ctx.wait(s.retry_seconds, Phase.PENDING, obs.gate.reason, obs.gate.message)
     journals = {r.ordinal: _journal_of(r, probes.get(r.ordinal)) for r in crew.replicas}
+    full = _still_full(ctx, journals)
     eligible = [r for r in crew.replicas
                 if r.state is ReplicaState.ACTIVE and r.ready and not r.fenced and r.address
-                and journals[r.ordinal]]
+                and journals[r.ordinal] and r.ordinal not in full]
     ordinal = choose_ordinal(spec.action_id, [r.ordinal for r in eligible])
+    if ordinal is None and full:
+        return ctx.wait(s.retry_seconds, Phase.PENDING, Reason.JOURNAL_FULL,
+                        f"the journal of every eligible replica of Crew {spec.crew!r} is full "
+                        f"(replica(s) {', '.join(map(str, sorted(full)))} answered 507); "
+                        f"nothing was admitted. {outcome.RECOVERY['journal_full']}")
     if ordinal is None:
         return ctx.wait(s.retry_seconds, Phase.PENDING, Reason.NO_ELIGIBLE_REPLICA,
                         f"no ready, unfenced, active replica of Crew {spec.crew!r} with a known "
@@ -461,6 +495,13 @@ def _before_admission(ctx: _Ctx) -> Decision:
     patch = ctx.working(Phase.RUNNING, Reason.DISPATCHED,
                         f"dispatched to replica {replica.label}", extra=extra)
     return ctx.decision(Admit(replica), patch)
+
+
+def _still_full(ctx: _Ctx, journals: Mapping[int, str | None]) -> set[int]:
+    """Replicas whose journal (the same one) answered 507 within ``full_retry_seconds``."""
+    window = ctx.settings.full_retry_seconds
+    return {o for o, (journal, at) in ctx.known.full.items()
+            if journal == journals.get(o) and ctx.obs.now - at < window}
 
 
 def _silent_label(replica: Replica, answer: ProbeAnswer | None) -> str:
@@ -498,15 +539,7 @@ def _attach_found(ctx: _Ctx, replica: Replica, lookup: Lookup) -> Decision:
 
 
 def _archived(lookup: Lookup) -> Verdict:
-    tomb = lookup.tombstone or {}
-    verdict = outcome.verdict_from_rejection(
-        FailureCategory.PERMANENT, "archived",
-        "the sidecar holds only a tombstone of this action", 410)
-    if tomb.get("uncertain_outcome"):
-        return replace(verdict, uncertain=True, reason=Reason.RECORD_UNCERTAIN,
-                       recovery=outcome.RECOVERY[Reason.RECORD_UNCERTAIN],
-                       message=f"{verdict.message}; its record marked the outcome uncertain")
-    return verdict
+    return outcome.archived_verdict(lookup.tombstone or {})
 
 
 def _record_verdict(ctx: _Ctx, record: JobRecord) -> Verdict:
@@ -523,6 +556,8 @@ def _assigned(ctx: _Ctx, a: Assignment) -> Decision:
     if gone is None and replica is None:
         return ctx.wait(s.retry_seconds, Phase.RUNNING, Reason.REPLICA_UNAVAILABLE,
                         "the Crew lists no replicas at the moment; waiting")
+    if gone is not None and a.claim and obs.assigned_claim_exists is not False:
+        return _claim_lives_on(ctx, a, gone[0])
     if gone is not None:
         since = ctx.mem.gone_since if ctx.mem.gone_since is not None else obs.now
         if obs.now - since >= s.gone_grace_seconds:
@@ -582,6 +617,27 @@ def _gone_why(ctx: _Ctx, a: Assignment, replica: Replica | None) -> tuple[str, s
     return None
 
 
+def _claim_lives_on(ctx: _Ctx, a: Assignment, why: str) -> Decision:
+    """I4: the Crew object no longer shows the assigned replica (Crew deleted with
+    ``--cascade=orphan`` or re-created by a GitOps tool, replica removed, claim renamed in the
+    spec), but the claim, which holds the journal, still exists or cannot be read: the outcome
+    can still be learned, so wait; a re-created Crew that serves the claim again continues the
+    job. The action is never moved to another replica."""
+    s = ctx.settings
+    known = ("still exists" if ctx.obs.assigned_claim_exists
+             else "cannot be read to tell whether it still exists")
+    crew = ctx.spec.crew if isinstance(ctx.obs.spec, JobSpec) else "?"
+    if why == "crew_deleted":
+        return ctx.wait(s.retry_seconds, Phase.RUNNING, Reason.CREW_NOT_FOUND,
+                        f"Crew {crew!r} is gone but the assigned claim {a.claim}, which holds "
+                        f"this action's journal, {known}; waiting for the Crew to serve it "
+                        "again (never moved to another replica)", gone_since=None)
+    return ctx.wait(s.retry_seconds, Phase.RUNNING, Reason.REPLICA_UNAVAILABLE,
+                    f"Crew {crew!r} no longer serves the assigned claim {a.claim} of replica "
+                    f"{a.ordinal} (removed or renamed), but the claim {known}; waiting (never "
+                    "moved to another replica)", gone_since=None)
+
+
 def _journal_lost(ctx: _Ctx, a: Assignment, current: str | None) -> Decision:
     return ctx.finish(outcome.uncertain(
         Reason.JOURNAL_LOST, FailureCategory.CONNECTOR, "journal_changed",
@@ -620,9 +676,11 @@ def _after_admission(ctx: _Ctx, a: Assignment, replica: Replica,
         reason = Reason.JOURNAL_FULL if exc.http_status == 507 else Reason.SIDECAR_BUSY
         message = f"replica {replica.label} did not admit the action ({exc.code}); nothing was " \
                   "scheduled; trying again"
+        phase = Phase.RUNNING
         if exc.http_status == 507:
             message = f"{message}. {outcome.RECOVERY['journal_full']}"
-        return ctx.wait(s.backoff(failures), Phase.RUNNING, reason, message, failures=failures)
+            phase = Phase.PENDING  # nothing was admitted (the 507 promise)
+        return ctx.wait(s.backoff(failures), phase, reason, message, failures=failures)
     if exc.uncertain:
         first = not (ctx.known.uncertain and ctx.known.reason == Reason.ANSWER_LOST.value)
         message = (f"the answer to the admission on replica {replica.label} was lost; the "
@@ -750,6 +808,18 @@ def _not_known(ctx: _Ctx, a: Assignment, replica: Replica) -> Decision:
                             f"cancel requested; replica {replica.label} does not hold the action "
                             "yet, but an admission sent to it may still land: looking again")
         return ctx.finish(outcome.cancelled_before_admission())
+    if ctx.known.reason == Reason.JOURNAL_FULL.value and not _within_settle(ctx):
+        # I1 + the 507 promise: the full journal admitted nothing, and past the settle window
+        # no earlier POST can land either; send the work where there is room, after asking
+        # every replica again, and pass this journal over for a while.
+        full = [{"ordinal": o, "journalId": j, "at": iso(at)}
+                for o, (j, at) in ctx.known.full.items() if o != a.ordinal]
+        full.append({"ordinal": a.ordinal, "journalId": a.journal_id, "at": iso(ctx.obs.now)})
+        patch = ctx.working(Phase.PENDING, Reason.JOURNAL_FULL,
+                            f"the journal of replica {replica.label} is full and admitted "
+                            "nothing; choosing a replica with room after asking every replica",
+                            extra={"assignment": None, "journalFull": full})
+        return ctx.decision(Wait(0.0, Reason.JOURNAL_FULL.value), patch, probes={})
     if replica.state is not ReplicaState.ACTIVE and not _within_settle(ctx):
         # I1: the replica refuses admissions and, past the settle window, provably never got
         # one: clear the assignment and probe every replica again.
@@ -807,12 +877,22 @@ def _deleting(ctx: _Ctx) -> Decision:
     if record is None:
         if lookup.tombstone is None and _within_settle(ctx):
             return ctx.decision(Wait(1.0, Reason.CANCEL_PENDING.value), lookup=None)
+        if (lookup.tombstone or {}).get("uncertain_outcome"):
+            return ctx.decision(Release(), lookup=None, warning=_deleted_warning(
+                "the sidecar archived this action's record, which marked the outcome uncertain",
+                outcome.RECOVERY[Reason.RECORD_UNCERTAIN], Reason.RECORD_UNCERTAIN))
         return ctx.decision(Release(), lookup=None)  # never admitted (or archived)
     if record.terminal:
+        # I5 on deletion too: an uncertain record is announced (Event + metric) even though
+        # the CrewJob that would have shown it in status is going away.
         if ctx.mem.cancel_confirmed and record.uncertain_outcome:
             return ctx.decision(Release(), warning=_deleted_warning(
                 "the sidecar cancelled the task, but its record says the work may continue",
                 outcome.RECOVERY["cancel_thread"]))
+        if record.uncertain_outcome:
+            return ctx.decision(Release(), warning=_deleted_warning(
+                f"the sidecar's record ended {record.status.value} with an uncertain outcome",
+                outcome.RECOVERY[Reason.RECORD_UNCERTAIN], Reason.RECORD_UNCERTAIN))
         return ctx.decision(Release())
     if not ctx.mem.cancel_confirmed:
         return ctx.decision(Cancel(replica, "CrewJob deleted (deletionPolicy Cancel)"),
@@ -820,10 +900,10 @@ def _deleting(ctx: _Ctx) -> Decision:
     return ctx.decision(Wait(0.5, Reason.CANCEL_PENDING.value), lookup=None)
 
 
-def _deleted_warning(detail: str, advice: str) -> Warning_:
-    return Warning_(f"OutcomeUncertain{Reason.CANCEL_UNCONFIRMED.value}",
-                    f"CrewJob deleted: {detail}. {advice}"[:1000],
-                    Reason.CANCEL_UNCONFIRMED.value)
+def _deleted_warning(detail: str, advice: str,
+                     reason: Reason = Reason.CANCEL_UNCONFIRMED) -> Warning_:
+    return Warning_(f"OutcomeUncertain{reason.value}",
+                    f"CrewJob deleted: {detail}. {advice}"[:1000], reason.value)
 
 
 def _release_unconfirmed(ctx: _Ctx, detail: str) -> Decision:

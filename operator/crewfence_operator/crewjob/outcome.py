@@ -6,6 +6,7 @@ which one applies and write it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any, Final
@@ -262,6 +263,35 @@ def verdict_from_rejection(category: FailureCategory, code: str, message: str,
                        RECOVERY[Reason.AUTH_FAILED], failure)
     return Verdict(Phase.FAILED, Reason.REJECTED, f"the sidecar refused: {message}",
                    RECOVERY[Reason.REJECTED], failure)
+
+
+def archived_verdict(tombstone: Mapping[str, Any]) -> Verdict:
+    """What a tombstone (a 410 answer) says about the archived Action's outcome.
+
+    Invariant (a 410 is read for the outcome it carries): the tombstone keeps the record's
+    final status and uncertainty, so a CrewJob whose record was archived before the operator
+    wrote its verdict (retention, a hand-over, a re-applied manifest) ends with that outcome
+    (only the output is gone), never as a generic failure, and an uncertain record stays
+    uncertain.
+    """
+    held = "its record was archived on the sidecar, so its output is no longer held"
+    status = tombstone.get("status")
+    failure = Failure(FailureCategory.PERMANENT, "archived",
+                      "the sidecar holds only a tombstone of this action")
+    if tombstone.get("uncertain_outcome"):
+        return Verdict(Phase.FAILED, Reason.RECORD_UNCERTAIN,
+                       f"the Action was archived on the sidecar; its record marked the outcome "
+                       f"uncertain ({status or 'status unknown'})",
+                       RECOVERY[Reason.RECORD_UNCERTAIN], failure, uncertain=True)
+    if status == "completed":
+        return Verdict(Phase.SUCCEEDED, Reason.ARCHIVED, f"the Action completed; {held}",
+                       RECOVERY[Reason.ARCHIVED])
+    if status == "cancelled":
+        return Verdict(Phase.CANCELLED, Reason.ARCHIVED, f"the Action was cancelled; {held}",
+                       RECOVERY[Reason.ARCHIVED])
+    what = "failed" if status == "failed" else "ended (the tombstone gives no status)"
+    return Verdict(Phase.FAILED, Reason.ARCHIVED, f"the Action {what}; {held}",
+                   RECOVERY[Reason.ARCHIVED], failure)
 
 
 def request_changed(record_hash: str, our_hash: str) -> Verdict:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, Final
 
 STATUS_VALUE_MAX_BYTES: Final = 32 * 1024
@@ -69,3 +71,43 @@ def configmap_name(crewjob_name: str) -> str:
         return name
     digest = hashlib.sha256(crewjob_name.encode()).hexdigest()[:10]
     return f"{crewjob_name[:230].rstrip('-.')}-{digest}-output"
+
+
+class ConfigMapFit(StrEnum):
+    """How an existing ConfigMap of the output's name relates to this CrewJob."""
+
+    OURS = "ours"
+    """Owned by this CrewJob (its uid) and holding exactly this output: nothing to do."""
+    REPLACE = "replace"
+    """Ours with other data, or left by an earlier CrewJob of the same name (deleted and
+    re-applied, not yet garbage-collected, or orphaned): rewrite it with this CrewJob as its
+    owner."""
+    FOREIGN = "foreign"
+    """Somebody else's: never touched; the status says the full output is not stored."""
+
+
+def configmap_fit(existing: Mapping[str, Any], wanted: Mapping[str, Any]) -> ConfigMapFit:
+    """Invariant (the output ConfigMap is this CrewJob's): status points at a ConfigMap only
+    when it is owned by this CrewJob's uid and holds this output. A crewfence output ConfigMap
+    of a previous CrewJob of the same name is taken over; anything else is left alone."""
+    meta, want_meta = existing.get("metadata") or {}, wanted["metadata"]
+    our_uid = want_meta["ownerReferences"][0]["uid"]
+    owners = meta.get("ownerReferences") or []
+    ours = any(o.get("uid") == our_uid for o in owners)
+    if ours and (existing.get("data") or {}) == wanted["data"]:
+        return ConfigMapFit.OURS
+    labels = meta.get("labels") or {}
+    same_job = {k: labels.get(k) for k in want_meta["labels"]} == want_meta["labels"]
+    # Left by an earlier CrewJob of this name: still owned by it, or orphaned (deleted with
+    # --cascade=orphan: the garbage collector removed the owner reference, our labels stay).
+    earlier = all(
+        o.get("kind") == want_meta["ownerReferences"][0]["kind"]
+        and o.get("name") == want_meta["ownerReferences"][0]["name"] for o in owners)
+    if ours or (same_job and earlier):
+        return ConfigMapFit.REPLACE
+    return ConfigMapFit.FOREIGN
+
+
+def foreign_configmap_note(name: str) -> str:
+    return (f"ConfigMap {name} exists and does not belong to this CrewJob; it was left alone "
+            "and the full output is not stored (status.output.value holds its start)")

@@ -12,9 +12,11 @@ from typing import Any
 
 import aiohttp
 import kopf
+from crewfence_sidecar.contract import Tombstone
 
 from crewfence_operator import config, kube, metrics
 from crewfence_operator import constants as c
+from crewfence_operator.assignment import choose_ordinal
 from crewfence_operator.crew import audit, children
 from crewfence_operator.crew.fencing import ForeignMount
 from crewfence_operator.crew.identity import CrewRef
@@ -24,9 +26,11 @@ from crewfence_operator.crew.pod import PodSettings
 from crewfence_operator.crew.probe import fetch_health
 from crewfence_operator.crew.resources import claim_for_ordinal
 from crewfence_operator.crew.scaledown import (
+    HANDED_OVER_ANNOTATION,
     Decision,
     ExcessReplica,
     decide,
+    handed_over_mark,
     needs_undrain,
     retention_due,
 )
@@ -275,14 +279,17 @@ async def reconcile_once(
 
     await _roll_one_pod(crew, spec, settings, snap, healths, fence_by_ordinal, logger)
 
-    decisions = _scale_down_decisions(spec, snap, healths, claims_by_ordinal)
     clients = {o: _client(session, snap.pods.get(o), state.token, cfg, tls_for(o))
                for o in snap.pods}
+    survivors = _serving(spec, snap, healths, clients, fence_by_ordinal)
+    decisions = _scale_down_decisions(spec, snap, healths, claims_by_ordinal, survivors)
     for ordinal in range(spec.replicas):
         client = clients.get(ordinal)
         if needs_undrain(healths.get(ordinal)) and client is not None:
             healths[ordinal] = await _switch_draining(client, healths[ordinal], False, logger)
     for decision in decisions:
+        if decision.hand_over_to:
+            await _hand_over_tombstones(crew, decision, clients, healths, logger)
         healths[decision.ordinal] = await _execute(
             crew, spec, settings, decision, snap, clients.get(decision.ordinal),
             healths.get(decision.ordinal), logger)
@@ -392,14 +399,72 @@ async def _roll_one_pod(
 
 def _scale_down_decisions(
     spec: CrewSpec, snap: children.Snapshot, healths: Mapping[int, Health | None],
-    claims_by_ordinal: Mapping[int, str],
+    claims_by_ordinal: Mapping[int, str], survivors: tuple[int, ...],
 ) -> list[Decision]:
     excess = sorted(o for o in set(snap.pods) | set(snap.claims) if o >= spec.replicas)
     return [decide(ExcessReplica(
         ordinal=ordinal, claim=claims_by_ordinal[ordinal], claim_obj=snap.claims.get(ordinal),
         pod=snap.pods.get(ordinal), health=healths.get(ordinal),
-        delete_claim_when_empty=spec.storage.when_scaled == "Delete"))
+        delete_claim_when_empty=spec.storage.when_scaled == "Delete", survivors=survivors))
         for ordinal in excess]
+
+
+def _serving(spec: CrewSpec, snap: children.Snapshot, healths: Mapping[int, Health | None],
+             clients: Mapping[int, SidecarClient | None],
+             fenced: Mapping[int, str]) -> tuple[int, ...]:
+    """Replicas that can take over a retiring replica's tombstones: below ``spec.replicas``,
+    a live pod, a sidecar that answered with a journal id and is not draining, not fenced."""
+    def serving(o: int) -> bool:
+        pod, health = snap.pods.get(o), healths.get(o)
+        return (pod is not None and not pod["metadata"].get("deletionTimestamp")
+                and clients.get(o) is not None and o not in fenced and health is not None
+                and bool(health.journal_id) and health.draining is not True)
+
+    return tuple(o for o in range(spec.replicas) if serving(o))
+
+
+async def _hand_over_tombstones(crew: CrewRef, d: Decision,
+                                clients: Mapping[int, SidecarClient | None],
+                                healths: Mapping[int, Health | None],
+                                logger: kopf.Logger) -> None:
+    """Copy a drained replica's tombstones to the serving replicas (each to its rendezvous
+    owner among them), then mark the claim so the pod may go (``scaledown`` invariant "a
+    tombstone outlives its replica"). Any failure or conflict leaves the claim unmarked: the
+    replica stays and the next pass tries again (imports are idempotent)."""
+    source, health = clients.get(d.ordinal), healths.get(d.ordinal)
+    targets = {o: cl for o in d.hand_over_to if (cl := clients.get(o)) is not None}
+    if source is None or health is None or not health.journal_id or not targets:
+        return
+    moved, after = 0, ""
+    try:
+        while True:
+            stones, following = await source.tombstone_page(after)
+            batches: dict[int, list[Tombstone]] = {}
+            for stone in stones:
+                owner = choose_ordinal(stone.action_id, sorted(targets))
+                assert owner is not None  # targets is not empty
+                batches.setdefault(owner, []).append(stone)
+            for ordinal, batch in sorted(batches.items()):
+                result = await targets[ordinal].import_tombstones(batch)
+                if result.conflicts:
+                    logger.warning(
+                        f"scale down: replica {ordinal} already holds other work under "
+                        f"{len(result.conflicts)} action id(s) of replica {d.ordinal}'s "
+                        f"tombstones (e.g. {result.conflicts[0]!r}); replica {d.ordinal} is "
+                        "kept: reconcile those actions by hand")
+                    return
+            moved += len(stones)
+            if following is None:
+                break
+            after = following
+    except SidecarFailure as exc:
+        logger.warning(f"scale down: tombstones of replica {d.ordinal} not handed over yet: "
+                       f"{exc}")
+        return
+    await asyncio.to_thread(children.apply_claim_annotations, crew.namespace, d.claim,
+                            {HANDED_OVER_ANNOTATION: handed_over_mark(health.journal_id, moved)})
+    logger.info(f"scale down: {moved} tombstone(s) of replica {d.ordinal} handed over to "
+                f"replica(s) {', '.join(map(str, sorted(targets)))}")
 
 
 async def _execute(

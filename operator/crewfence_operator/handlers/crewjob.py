@@ -44,7 +44,7 @@ from crewfence_operator.crewjob.machine import (
     Wait,
 )
 from crewfence_operator.crewjob.outcome import Phase
-from crewfence_operator.crewjob.output import CONFIGMAP_KEY
+from crewfence_operator.crewjob.output import CONFIGMAP_KEY, foreign_configmap_note
 from crewfence_operator.crewjob.replicas import Replica, parse_replicas
 from crewfence_operator.crewjob.spec import JobSpec, SpecError
 from crewfence_operator.crewjob.status import Cancellation, Progress
@@ -78,14 +78,24 @@ def configmap_body(body: Mapping[str, Any], name: str, value: str) -> dict[str, 
     }
 
 
+def without_configmap(patch: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """The terminal patch when a foreign ConfigMap holds the output's name: no pointer to it,
+    and a note saying why the full output is not stored."""
+    output = {k: v for k, v in (patch.get("output") or {}).items() if k != "configMap"}
+    output["configMap"] = None
+    output["configMapError"] = foreign_configmap_note(name)
+    return {**patch, "output": output}
+
+
 def merge_status(status: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
     """RFC 7386 merge of a status patch (what the API server does; null deletes)."""
     out = dict(status)
     for key, value in patch.items():
         if value is None:
             out.pop(key, None)
-        elif isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
-            out[key] = merge_status(out[key], value)
+        elif isinstance(value, Mapping):
+            current = out.get(key)
+            out[key] = merge_status(current if isinstance(current, Mapping) else {}, value)
         else:
             out[key] = value
     return out
@@ -143,6 +153,7 @@ class JobDriver:
             if crew is not None:
                 crew_view = CrewView(tuple(parse_replicas(crew)), bool(token))
                 self._token = token
+        claim_exists = await self._assigned_claim_exists(crew_view)
         gate = OPEN_GATE
         if self.rt.gate is not None and not self.status.get("assignment") and not deleting:
             gate = await self.rt.gate(self.body)
@@ -150,7 +161,16 @@ class JobDriver:
             namespace=self.namespace, name=self.name,
             generation=int(self.body["metadata"].get("generation") or 1), spec=spec,
             status=self.status, crew=crew_view, memory=self.memory, now=time.time(),
-            deleting=deleting, gate=gate, settings=self.settings.machine)
+            deleting=deleting, gate=gate, settings=self.settings.machine,
+            assigned_claim_exists=claim_exists)
+
+    async def _assigned_claim_exists(self, crew_view: CrewView | None) -> bool | None:
+        """Read the assigned claim only while the Crew does not serve it (machine I4)."""
+        claim = (self.status.get("assignment") or {}).get("claim")
+        if not claim or (crew_view is not None
+                         and any(r.claim == claim for r in crew_view.replicas)):
+            return None
+        return await self.rt.io.claim_exists(self.namespace, str(claim))
 
     _token: str | None = None
 
@@ -175,11 +195,14 @@ class JobDriver:
                 metrics.observe_uncertain_outcome(decision.warning.uncertain_reason)
             self.rt.io.warn(self.body, decision.warning.reason, decision.warning.message)
         step = decision.step
+        patch = decision.patch
         if isinstance(step, Finish) and step.output is not None and step.configmap:
-            await self.rt.io.create_configmap(
+            stored = await self.rt.io.create_configmap(
                 configmap_body(self.body, step.configmap, step.output.configmap_value))
-        if decision.patch is not None:
-            await self.write(decision.patch)
+            if not stored and patch is not None:
+                patch = without_configmap(patch, step.configmap)
+        if patch is not None:
+            await self.write(patch)
         if isinstance(step, Finish):
             self.done = True
             log.info("crewjob %s/%s: %s (%s)%s", self.namespace, self.name,

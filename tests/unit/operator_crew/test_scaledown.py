@@ -7,10 +7,12 @@ from typing import Any
 
 import pytest
 from crewfence_operator.crew.scaledown import (
+    HANDED_OVER_ANNOTATION,
     RELEASED_ANNOTATION,
     RETAINED_ANNOTATION,
     ExcessReplica,
     decide,
+    handed_over_mark,
     needs_undrain,
     retention_due,
     retention_interval,
@@ -26,15 +28,16 @@ TERMINATING_POD: dict[str, Any] = {"metadata": {**POD["metadata"], "deletionTime
 
 
 def _ex(pod: Any = POD, claim: Any = CLAIM, health: Health | None = None,
-        delete: bool = False) -> ExcessReplica:
+        delete: bool = False, survivors: tuple[int, ...] = (0, 1)) -> ExcessReplica:
     return ExcessReplica(ordinal=2, claim="r-state-2", claim_obj=claim, pod=pod, health=health,
-                         delete_claim_when_empty=delete)
+                         delete_claim_when_empty=delete, survivors=survivors)
 
 
 def _health(unarchived: int | None, *, draining: bool | None = True, active: int = 0,
-            journal: str | None = "j") -> Health:
+            journal: str | None = "j", tombstones: int | None = 0) -> Health:
     return Health(status="ready", journal_id=journal, retained_runs=unarchived,
-                  active_runs=active, draining=draining, unarchived_records=unarchived)
+                  active_runs=active, draining=draining, unarchived_records=unarchived,
+                  tombstones=tombstones)
 
 
 def _removes(d: Any) -> bool:
@@ -66,6 +69,7 @@ def test_unarchived_records_keep_the_pod(unarchived: int) -> None:
     _health(None),                          # count unknown
     _health(0, draining=None),              # a sidecar without draining mode
     _health(0, journal=None),               # no journal id to record
+    _health(0, tombstones=None),            # a sidecar that cannot report its tombstones
 ])
 def test_any_doubt_keeps_the_pod(health: Health | None) -> None:
     d = decide(_ex(health=health))
@@ -78,6 +82,34 @@ def test_drained_empty_journal_is_released_then_the_pod_goes() -> None:
     assert d.delete_pod and not d.delete_claim
     assert d.annotate == {RELEASED_ANNOTATION: "j"}, "the release is written before the pod goes"
     assert decide(_ex(pod=TERMINATING_POD, claim=RELEASED)).state is None
+
+
+def test_tombstones_are_handed_over_before_the_pod_goes() -> None:
+    """Invariant "a tombstone outlives its replica": with tombstones and no hand-over mark for
+    exactly this journal and count, the pod stays and the tombstones move first."""
+    d = decide(_ex(health=_health(0, tombstones=3)))
+    assert d.hand_over_to == (0, 1) and not _removes(d)
+    assert d.state is ReplicaState.DRAINING and d.message and "3 tombstone" in d.message
+
+
+@pytest.mark.parametrize("mark", [handed_over_mark("other", 3), handed_over_mark("j", 2)])
+def test_a_mark_for_another_journal_or_count_is_no_hand_over(mark: str) -> None:
+    claim = {"metadata": {"name": "r-state-2", "annotations": {HANDED_OVER_ANNOTATION: mark}}}
+    d = decide(_ex(claim=claim, health=_health(0, tombstones=3)))
+    assert d.hand_over_to and not _removes(d)
+
+
+def test_handed_over_tombstones_let_the_pod_go() -> None:
+    claim = {"metadata": {"name": "r-state-2",
+                          "annotations": {HANDED_OVER_ANNOTATION: handed_over_mark("j", 3)}}}
+    d = decide(_ex(claim=claim, health=_health(0, tombstones=3)))
+    assert d.delete_pod and d.annotate == {RELEASED_ANNOTATION: "j"} and not d.hand_over_to
+
+
+def test_tombstones_without_a_serving_replica_keep_the_pod() -> None:
+    d = decide(_ex(health=_health(0, tombstones=1), survivors=()))
+    assert not _removes(d) and not d.hand_over_to and d.state is ReplicaState.DRAINING
+    assert d.retained is not None and "tombstone" in d.retained.reason
 
 
 @pytest.mark.parametrize(("delete", "deleted"), [(False, False), (True, True)])

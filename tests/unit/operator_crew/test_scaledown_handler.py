@@ -22,7 +22,7 @@ from crewfence_operator import kube
 from crewfence_operator.config import OperatorConfig
 from crewfence_operator.crew import children
 from crewfence_operator.crew.identity import CrewRef
-from crewfence_operator.crew.scaledown import RELEASED_ANNOTATION
+from crewfence_operator.crew.scaledown import HANDED_OVER_ANNOTATION, RELEASED_ANNOTATION
 from crewfence_operator.handlers.crew import DaemonState, reconcile_once
 
 TOKEN = "handler-test-token-0123456789"
@@ -46,8 +46,10 @@ LOG = logging.getLogger("test.scaledown")
 
 
 @pytest.fixture
-async def sidecar(tmp_path: Path) -> AsyncIterator[Any]:
-    """A real sidecar on 127.0.0.1; ``.port``, ``.url``."""
+async def sidecars(tmp_path: Path) -> AsyncIterator[Any]:
+    """start(host, port=None) -> a real sidecar (its own journal) on ``host``; ``.port``,
+    ``.url``, ``.journal``. Every pod of a Crew listens on the same port, so a second sidecar
+    takes the first one's port on another loopback address."""
     from aiohttp.test_utils import TestServer
     from crewfence_sidecar.config import load_config
     from crewfence_sidecar.crews import CrewCatalog
@@ -55,20 +57,34 @@ async def sidecar(tmp_path: Path) -> AsyncIterator[Any]:
 
     crews = tmp_path / "crews.yaml"
     crews.write_text(CREWS_YAML)
-    state = tmp_path / "state"
-    state.mkdir(mode=0o700)
-    config = load_config([], {"CREWFENCE_CREWS_FILE": str(crews),
-                              "CREWFENCE_STATE_FILE": str(state / "journal.db"),
-                              "CREWFENCE_TOKEN": TOKEN, "CREWFENCE_HOST": "127.0.0.1"})
     catalog = CrewCatalog.load(None, crews)
-    built = build_sidecar(config, catalog, crewai_executor(catalog), open_journal(config))
-    server = TestServer(built.app, host="127.0.0.1")
-    await server.start_server()
-    server.url = f"http://127.0.0.1:{server.port}"  # type: ignore[attr-defined]
-    yield server
-    await built.runtime.close()
-    await server.close()
-    built.opened.close()
+    started: list[tuple[Any, Any]] = []
+
+    async def start(host: str, port: int | None = None) -> Any:
+        state = tmp_path / f"state-{host}"
+        state.mkdir(mode=0o700)
+        config = load_config([], {"CREWFENCE_CREWS_FILE": str(crews),
+                                  "CREWFENCE_STATE_FILE": str(state / "journal.db"),
+                                  "CREWFENCE_TOKEN": TOKEN, "CREWFENCE_HOST": "127.0.0.1"})
+        built = build_sidecar(config, catalog, crewai_executor(catalog), open_journal(config))
+        server = TestServer(built.app, host=host, **({"port": port} if port else {}))
+        await server.start_server()
+        server.url = f"http://{host}:{server.port}"  # type: ignore[attr-defined]
+        server.journal = built.runtime.journal  # type: ignore[attr-defined]
+        started.append((built, server))
+        return server
+
+    yield start
+    for built, server in started:
+        await built.runtime.close()
+        await server.close()
+        built.opened.close()
+
+
+@pytest.fixture
+async def sidecar(sidecars: Any) -> Any:
+    """A real sidecar on 127.0.0.1; ``.port``, ``.url``."""
+    return await sidecars("127.0.0.1")
 
 
 def _pod(ordinal: int, ip: str | None) -> dict[str, Any]:
@@ -107,6 +123,16 @@ def _live(api: kmock.KubernetesEmulator, plural: str, name: str) -> dict[str, An
             if obj is not None and not obj.deleted:
                 return dict(obj.raw)
     return None
+
+
+def _serve_pod(api: kmock.KubernetesEmulator, ordinal: int, ip: str) -> None:
+    """The kubelet's part: the pod got an address and is ready."""
+    for key in list(api.objects):
+        res, ns, name = key
+        if res.plural == "pods" and ns == "team-a" and name == f"research-{ordinal}":
+            api.objects[key]["status"] = _pod(ordinal, ip)["status"]
+            return
+    raise AssertionError(f"no pod research-{ordinal}")
 
 
 def _index(api: kmock.KubernetesEmulator) -> dict[str, list[dict[str, Any]]]:
@@ -150,7 +176,7 @@ async def _post(session: aiohttp.ClientSession, url: str, path: str, body: Any,
 
 
 async def test_scale_down_drains_keeps_the_journal_then_retires_it(
-    api: kmock.KubernetesEmulator, crew_ref: CrewRef, sidecar: Any,
+    api: kmock.KubernetesEmulator, crew_ref: CrewRef, sidecar: Any, sidecars: Any,
 ) -> None:
     # replica 1 is above spec.replicas
     await asyncio.to_thread(_seed, api, crew_ref, {**SPEC, "storage": {"whenScaled": "Delete"}})
@@ -199,7 +225,22 @@ async def test_scale_down_drains_keeps_the_journal_then_retires_it(
                                      {"X-AIP-Archive-Confirmation": "older-than:0"})
         assert archived == 200 and body["archived"] == ["kept-1"], body
 
-        await one_pass()  # drained and empty: released on the claim, then the pod goes
+        # Drained and empty, but its journal holds a tombstone and no replica serves to take
+        # it over (pod 0 has no address): the replica stays, however often.
+        for _ in range(2):
+            listed = await one_pass()
+            assert _live(api, "pods", "research-1") is not None
+        assert "tombstone" in listed[1]["message"] and "no serving replica" in listed[1]["message"]
+
+        # Replica 0 serves (its own journal): the tombstone moves there, the claim says so,
+        # then the pod goes; replica 0 now answers 410 for the archived action.
+        survivor = await sidecars("127.0.0.2", sidecar.port)
+        _serve_pod(api, 0, "127.0.0.2")
+        await one_pass()
+        assert survivor.journal.tombstone("kept-1") is not None
+        claim = _live(api, "persistentvolumeclaims", "research-state-1")
+        assert claim is not None and HANDED_OVER_ANNOTATION in claim["metadata"]["annotations"]
+        await one_pass()  # handed over: released on the claim, then the pod goes
         assert _live(api, "pods", "research-1") is None
         claim = _live(api, "persistentvolumeclaims", "research-state-1")
         assert claim is not None and RELEASED_ANNOTATION in claim["metadata"]["annotations"]

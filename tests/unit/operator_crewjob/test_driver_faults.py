@@ -24,7 +24,8 @@ ACTION = "team-a/job-1"
 FAST = RunnerSettings(
     machine=MachineSettings(retry_seconds=0.05, backoff_base_seconds=0.02,
                             backoff_cap_seconds=0.2, poll_seconds=0.05, settle_seconds=0.6,
-                            gone_grace_seconds=0.3, deletion_wait_seconds=3.0),
+                            gone_grace_seconds=0.3, deletion_wait_seconds=3.0,
+                            full_retry_seconds=1.0),
     progress_seconds=0.0, idle_follow_seconds=0.02,
     timeouts=Timeouts(connect=0.5, read=0.5, follow_idle=2.0))
 

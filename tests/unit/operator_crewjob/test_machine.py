@@ -56,11 +56,13 @@ def assigned(k: int = 0, journal: str | None = None, at: float = NOW) -> dict[st
 
 def obs(*replicas: Replica, status: dict[str, Any] | None = None, memory: Memory | None = None,
         spec: JobSpec | SpecError = SPEC, crew: bool = True, now: float = NOW,
-        deleting: bool = False, gate: Gate = m.OPEN_GATE) -> Observation:
+        deleting: bool = False, gate: Gate = m.OPEN_GATE,
+        claim_exists: bool | None = False) -> Observation:
     return Observation(namespace="team-a", name="job-1", generation=1, spec=spec,
                        status=status or {},
                        crew=CrewView(tuple(replicas), True) if crew else None,
-                       memory=memory or Memory(), now=now, deleting=deleting, gate=gate)
+                       memory=memory or Memory(), now=now, deleting=deleting, gate=gate,
+                       assigned_claim_exists=claim_exists)
 
 
 TRANSPORT_LOST = SidecarFailure(FailureCategory.TRANSPORT, "transport_error", "reset", None,
@@ -125,18 +127,47 @@ def test_a_different_request_under_the_action_id_is_request_changed() -> None:
     assert isinstance(d.step, Finish) and d.step.verdict.reason is Reason.REQUEST_CHANGED
 
 
-def test_cancel_before_any_assignment_finishes_without_dispatch() -> None:
-    d = m.decide(obs(replica(0), spec=replace(SPEC, cancel=True)))
+def test_cancel_before_any_assignment_probes_first_then_finishes_without_dispatch() -> None:
+    """I6: a re-applied ``cancel: true`` has a new status but maybe an old action."""
+    spec = replace(SPEC, cancel=True)
+    d = m.decide(obs(replica(0), spec=spec))
+    assert isinstance(d.step, Probe), "no verdict before the probe"
+    d = m.decide(obs(replica(0), spec=spec, memory=Memory(probes={0: Lookup()})))
     assert isinstance(d.step, Finish)
     assert d.step.verdict.reason is Reason.CANCELLED_BEFORE_ADMISSION
 
 
-def test_a_closed_gate_waits_before_any_probe_and_a_refusal_finishes() -> None:
-    d = m.decide(obs(replica(0), gate=Gate(open=False, message="predecessor unresolved")))
+def test_a_reapplied_cancel_finds_the_running_record_and_follows_it() -> None:
+    spec = replace(SPEC, cancel=True)
+    d = m.decide(obs(replica(0), spec=spec,
+                     memory=Memory(probes={0: Lookup(record=record())})))
+    assert not isinstance(d.step, Finish), "never 'nothing was dispatched' for a running record"
+    assert d.patch is not None and d.patch["assignment"]["ordinal"] == 0
+
+
+def test_a_cancel_waits_for_a_silent_replica_before_any_verdict() -> None:
+    d = m.decide(obs(replica(0), replica(1, up=False), spec=replace(SPEC, cancel=True),
+                     memory=Memory(probes={0: Lookup()})))
+    assert isinstance(d.step, Wait) and d.step.reason == Reason.WAITING_FOR_REPLICAS
+
+
+def test_a_closed_gate_is_decided_after_the_probe_and_a_refusal_finishes() -> None:
+    closed = Gate(open=False, message="predecessor unresolved")
+    assert isinstance(m.decide(obs(replica(0), gate=closed)).step, Probe)
+    d = m.decide(obs(replica(0), gate=closed, memory=Memory(probes={0: Lookup()})))
     assert isinstance(d.step, Wait) and d.patch["reason"] == "PredecessorUnresolved"  # type: ignore
     refusal = m.outcome.invalid_spec("predecessor_happened", "no")
-    d = m.decide(obs(replica(0), gate=Gate(open=False, refusal=refusal)))
+    d = m.decide(obs(replica(0), gate=Gate(open=False, refusal=refusal),
+                     memory=Memory(probes={0: Lookup()})))
     assert isinstance(d.step, Finish) and d.step.verdict is refusal
+
+
+def test_a_successor_whose_own_action_is_known_attaches_whatever_the_gate_says() -> None:
+    """A re-applied successor whose predecessor was deleted finds its own record."""
+    closed = Gate(open=False, message="predecessor not found")
+    done = record(Status.COMPLETED)
+    d = m.decide(obs(replica(0), gate=closed, memory=Memory(probes={0: Lookup(record=done)})))
+    assert isinstance(d.step, Finish) and d.step.verdict.phase is Phase.SUCCEEDED
 
 
 def test_no_crew_waits_pending() -> None:
@@ -205,6 +236,50 @@ def test_not_admitted_answers_wait_certain(status: int, code: str, reason: Reaso
     assert d.patch["reason"] == reason and "uncertainOutcome" not in d.patch
 
 
+def _full_507() -> SidecarFailure:
+    return SidecarFailure(FailureCategory.TEMPORARY, "journal_full", "full", 507, uncertain=True)
+
+
+def test_a_full_journal_sends_the_job_where_there_is_room() -> None:
+    """507 promises nothing was admitted: past the settle window (no earlier POST can land)
+    and a lookup that finds nothing, the assignment is cleared, the full journal passed over,
+    and the job admitted on a replica with room; Pending meanwhile."""
+    spec = next(replace(SPEC, action_id=f"team-a/full-{i}") for i in range(100)
+                if m.choose_ordinal(f"team-a/full-{i}", [0, 1]) == 0)
+    replicas = (replica(0), replica(1))
+    d = m.decide(obs(*replicas, spec=spec, status=assigned(0),
+                     memory=Memory(admission=_full_507())))
+    assert isinstance(d.step, Wait) and d.patch is not None
+    assert (d.patch["phase"], d.patch["reason"]) == ("Pending", "JournalFull")
+    status = {**assigned(0), **d.patch}
+    # Within the settle window the same replica is asked again (an exact repeat): never moved.
+    d = m.decide(obs(*replicas, spec=spec, status=status, memory=Memory(lookup=Lookup()),
+                     now=NOW + 5))
+    assert isinstance(d.step, Admit) and d.step.replica.ordinal == 0
+    d = m.decide(obs(*replicas, spec=spec, status=status, memory=Memory(lookup=Lookup()),
+                     now=NOW + 60))
+    assert d.patch is not None and d.patch["assignment"] is None
+    assert d.patch["journalFull"][0]["ordinal"] == 0 and d.memory.probes == {}
+    status = {**status, **d.patch}
+    d = m.decide(obs(*replicas, spec=spec, status=status, now=NOW + 61,
+                     memory=Memory(probes={0: Lookup(), 1: Lookup()})))
+    assert isinstance(d.step, Admit) and d.step.replica.ordinal == 1, "sent where there is room"
+
+
+def test_every_journal_full_waits_pending_then_tries_again() -> None:
+    full = [{"ordinal": 0, "journalId": "j0", "at": m.iso(NOW)}]
+    probes = Memory(probes={0: Lookup()})
+    d = m.decide(obs(replica(0), status={"journalFull": full}, memory=probes, now=NOW + 1))
+    assert isinstance(d.step, Wait) and d.patch is not None
+    assert (d.patch["phase"], d.patch["reason"]) == ("Pending", "JournalFull")
+    later = NOW + m.MachineSettings().full_retry_seconds + 1
+    d = m.decide(obs(replica(0), status={"journalFull": full}, memory=probes, now=later))
+    assert isinstance(d.step, Admit), "a full journal may have room again later"
+    other = m.decide(obs(replica(0, journal="jNew"), status={"journalFull": full},
+                         memory=probes, now=NOW + 1))
+    assert isinstance(other.step, Admit), "a different journal is not the full one"
+
+
 def test_definitive_refusal_finishes_but_not_while_an_earlier_post_may_land() -> None:
     exc = SidecarFailure(FailureCategory.PERMANENT, "invalid_input", "x", 422)
     d = m.decide(obs(replica(0), status=assigned(), memory=Memory(admission=exc)))
@@ -253,6 +328,29 @@ def test_crew_gone_waits_then_journal_lost_within_the_bound() -> None:
     assert isinstance(d.step, Finish)
     assert (d.step.verdict.reason, d.step.verdict.uncertain) == (Reason.JOURNAL_LOST, True)
     assert d.patch is not None and d.patch["failure"]["code"] == "crew_deleted"
+
+
+@pytest.mark.parametrize("exists", [True, None])
+def test_a_deleted_crew_whose_claim_lives_on_waits_and_never_loses_the_journal(
+        exists: bool | None) -> None:
+    """I4: ``kubectl delete crew --cascade=orphan`` (or a GitOps re-creation) leaves pod and
+    claim; an unreadable claim is no evidence either."""
+    d = m.decide(obs(status=assigned(), crew=False, claim_exists=exists,
+                     memory=Memory(gone_since=NOW - 10_000)))
+    assert isinstance(d.step, Wait) and d.patch is not None
+    assert d.patch["reason"] == "CrewNotFound" and "state-0" in d.patch["message"]
+    assert not d.patch.get("uncertainOutcome")
+
+
+@pytest.mark.parametrize("exists", [True, None])
+def test_a_renamed_or_unlisted_claim_that_exists_is_waited_for(exists: bool | None) -> None:
+    renamed = Replica(ordinal=0, pod="research-0", claim="other-claim", address="10.0.0.0:8090",
+                      journal_id="j0", ready=True, fenced=False)
+    for replicas in ((renamed,), (replica(1),)):
+        d = m.decide(obs(*replicas, status=assigned(0), claim_exists=exists,
+                         memory=Memory(gone_since=NOW - 10_000)))
+        assert isinstance(d.step, Wait) and d.patch is not None
+        assert d.patch["reason"] == "ReplicaUnavailable" and "state-0" in d.patch["message"]
 
 
 def test_claim_gone_is_journal_lost_but_a_retained_claim_is_waited_for() -> None:
@@ -305,6 +403,26 @@ def test_cancel_with_nothing_admitted_waits_out_the_settle_window() -> None:
 def test_deletion_without_assignment_releases_at_once() -> None:
     d = m.decide(obs(replica(0), deleting=True))
     assert isinstance(d.step, Release) and d.patch is None
+
+
+@pytest.mark.parametrize("lookup", [
+    Lookup(record=record(Status.FAILED, uncertain=True)),
+    Lookup(tombstone={"status": "failed", "uncertain_outcome": True, "archived": True}),
+])
+def test_an_uncertain_record_found_on_deletion_is_announced(lookup: Lookup) -> None:
+    """I5 in every path: the released CrewJob cannot show it in status any more, so the
+    Warning Event and the metric (``uncertain_reason``) must."""
+    d = m.decide(obs(replica(0), status=assigned(), deleting=True,
+                     memory=Memory(lookup=lookup)))
+    assert isinstance(d.step, Release) and d.warning is not None
+    assert d.warning.uncertain_reason == Reason.RECORD_UNCERTAIN.value
+    assert d.warning.reason == "OutcomeUncertainRecordUncertain"
+
+
+def test_a_certain_record_found_on_deletion_is_released_quietly() -> None:
+    d = m.decide(obs(replica(0), status=assigned(), deleting=True,
+                     memory=Memory(lookup=Lookup(record=record(Status.COMPLETED)))))
+    assert isinstance(d.step, Release) and d.warning is None
 
 
 def test_deletion_looks_at_the_intended_replica_and_cancels_a_running_record() -> None:

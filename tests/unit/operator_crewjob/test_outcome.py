@@ -191,3 +191,22 @@ def test_the_records_flag_decides_uncertainty_not_the_operation() -> None:
         record(Status.FAILED, error={"code": "execution_error"}, uncertain=True),
         thread_backed=False, cancel_requested=False)
     assert (failed.reason, failed.uncertain) == (Reason.RECORD_UNCERTAIN, True)
+
+
+# --- a 410 is read for the outcome it carries (issue 19) -------------------------------------
+@pytest.mark.parametrize(("status", "phase"), [
+    ("completed", Phase.SUCCEEDED), ("cancelled", Phase.CANCELLED), ("failed", Phase.FAILED),
+    (None, Phase.FAILED),
+])
+def test_a_tombstone_keeps_the_archived_outcome(status: str | None, phase: Phase) -> None:
+    v = outcome.archived_verdict({"status": status, "uncertain_outcome": False,
+                                  "archived": True})
+    assert (v.phase, v.reason, v.uncertain) == (phase, Reason.ARCHIVED, False)
+    assert "no longer held" in v.message
+    assert (v.failure is None) == (phase is not Phase.FAILED)
+
+
+@pytest.mark.parametrize("status", ["completed", "failed", "cancelled"])
+def test_an_uncertain_tombstone_stays_uncertain(status: str) -> None:
+    v = outcome.archived_verdict({"status": status, "uncertain_outcome": True})
+    assert v.uncertain and v.phase is Phase.FAILED and v.reason is Reason.RECORD_UNCERTAIN
