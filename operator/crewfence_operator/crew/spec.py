@@ -183,9 +183,9 @@ def parse_spec(raw: Mapping[str, Any] | None) -> CrewSpec:
     except (KeyError, TypeError, ValueError) as exc:
         raise SpecError(f"spec.tools is malformed: {exc}") from None
     agents = dict(raw.get("agents") or {})
-    unknown = unknown_agent_tools(tools, agents)
-    if unknown:
-        named = "; ".join(f"agent {a} names {', '.join(t)}" for a, t in sorted(unknown.items()))
+    unresolved = unknown_agent_tools(tools, agents)
+    if unresolved:
+        named = "; ".join(f"agent {a} names {', '.join(t)}" for a, t in sorted(unresolved.items()))
         raise SpecError(f"unknown tool(s): {named}")
     return CrewSpec(
         tools=tools,
