@@ -59,17 +59,20 @@ TOOLS = {"mcpServers": [{"name": "tickets", "url": "http://127.0.0.1:9/mcp",
 
 # --- the API server refuses what names nothing ---------------------------------------------------
 @pytest.mark.parametrize(("agent_tools", "named"), [
-    (["nosuch/create_ticket"], "agent clerk names nosuch/create_ticket"),
-    (["tickets/delete_ticket"], "agent clerk names tickets/delete_ticket"),
-    (["lookupp", "lookup"], "agent clerk names lookupp"),
-    (["nosuch"], "agent clerk names nosuch"),
+    (["nosuch/create_ticket"], '"nosuch/create_ticket"'),  # no such server
+    (["tickets/delete_ticket"], '"tickets/delete_ticket"'),  # not in its allowedTools
+    (["lookupp", "lookup"], '"lookupp"'),  # no such Python tool
+    (["nosuch"], '"nosuch"'),
 ])
 def test_an_agent_naming_an_undefined_tool_is_refused(
         cluster: Cluster, operator_process: Operator, namespace: str,
         agent_tools: list[str], named: str) -> None:
     result = apply_obj(cluster, crew("refused", TOOLS, agent_tools), namespace)
     assert result.returncode != 0, result.stdout
-    assert "unknown tool(s)" in result.stderr and named in result.stderr, result.stderr
+    # e.g. `spec.agents: Invalid value: unknown tool(s) [["lookupp"]] of agent(s) ["clerk"]: ...`
+    assert "spec.agents" in result.stderr and "unknown tool(s)" in result.stderr, result.stderr
+    assert named in result.stderr and '["clerk"]' in result.stderr, result.stderr
+    assert '"lookup"' not in result.stderr  # only what names nothing
     assert cluster.get_json("crew", "refused", "-n", namespace) is None
 
 
