@@ -197,6 +197,32 @@ def test_tools_ready_names_the_unreachable_server(
     assert cond["reason"] == "ToolServersReachable" and "up" in cond["message"]
 
 
+# --- status.effects on every terminal CrewJob -----------------------------------------------------
+def test_a_finished_job_and_its_exact_repeat_both_carry_effects(
+        cluster: Cluster, operator_process: Operator, namespace: str) -> None:
+    """The first run's effects come from the followed stream; the exact repeat (deleted and
+    re-applied: the operator finds the terminal record on a probe and never followed it)
+    reads the record's events from 0 (``ReadEffects``): both write the same summary."""
+    plain = crew("plain", {}, [], description="Say hello.")
+    plain["spec"]["agents"]["clerk"].pop("tools")
+    assert apply_obj(cluster, plain, namespace).returncode == 0
+    wait_crew_ready(cluster, namespace, "plain", 1)
+    job = crewjob_manifest("hello", "run", {}, crew="plain")
+    assert apply_obj(cluster, job, namespace).returncode == 0
+    first = wait_phase(cluster, namespace, "hello", timeout=240)["status"]
+    assert first["phase"] == "Succeeded", first
+    assert first["effects"]["inDoubt"] == [] and first["effects"]["inDoubtCount"] == 0
+    assert set(first["usage"]) == {"promptTokens", "completionTokens", "modelCalls",
+                                   "toolCalls"}
+    assert "tool call" not in first["message"]
+
+    cluster.kubectl("delete", "crewjob", "hello", "-n", namespace, check=True)
+    assert apply_obj(cluster, job, namespace).returncode == 0
+    again = wait_phase(cluster, namespace, "hello", timeout=240)["status"]
+    assert again["phase"] == "Succeeded" and again["startedAt"] == first["startedAt"]
+    assert again["effects"] == first["effects"] and again["usage"] == first["usage"]
+
+
 # --- the whole story: a killed sidecar and the call it left in doubt ------------------------------
 LEDGER_SERVER = REPO / "tests" / "support" / "mcp_ledger_server.py"
 

@@ -211,3 +211,65 @@ async def test_probe_any_http_answer_is_reachable_refused_and_silent_are_not(
     assert answers["up"] is None
     assert answers["refused"] is not None and "connection failed" in answers["refused"]
     assert answers["hung"] == "no answer within 0.5s"
+
+
+# --- the CRD -------------------------------------------------------------------------------------
+def test_the_crd_declares_tools_as_the_operator_reads_them() -> None:
+    from crewfence_operator.crew.tools import TRANSPORTS
+
+    crd = yaml.safe_load((REPO / "crds" / "crew.yaml").read_text())
+    (version,) = crd["spec"]["versions"]
+    spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    servers = spec["properties"]["tools"]["properties"]["mcpServers"]
+    assert servers["x-kubernetes-list-type"] == "map"  # names are unique (the API server)
+    assert servers["x-kubernetes-list-map-keys"] == ["name"]
+    item = servers["items"]["properties"]
+    assert set(item["transport"]["enum"]) == TRANSPORTS
+    assert item["transport"]["default"] == "streamable-http"
+    # a server name becomes a volume name: tool-headers-<name> must stay a DNS label
+    assert len(f"tool-headers-{'x' * item['name']['maxLength']}") <= 63
+    agent_tools = spec["properties"]["agents"]["additionalProperties"]["properties"]["tools"]
+    assert agent_tools["x-kubernetes-list-type"] == "set"
+    (rule,) = [r for r in spec["x-kubernetes-validations"] if "tools" in r["rule"]]
+    # The refusal names the references; format(), because + and join() over strings of
+    # unbounded estimated size exceed the API server's CEL cost budget (it refuses the CRD).
+    assert rule["messageExpression"].startswith("'unknown tool(s) %s of agent(s) %s")
+    assert ".format([" in rule["messageExpression"]
+    assert "allowedTools" in rule["rule"] and "python" in rule["rule"]
+
+
+@pytest.fixture
+async def counting_server() -> AsyncIterator[tuple[str, list[int]]]:
+    hits: list[int] = []
+
+    async def answer(_: web.Request) -> web.Response:
+        hits.append(1)
+        return web.Response(status=401)  # any HTTP answer is "reachable"
+
+    app = web.Application()
+    app.router.add_get("/mcp", answer)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    yield f"http://127.0.0.1:{port}/mcp", hits
+    await runner.cleanup()
+
+
+async def test_servers_are_asked_at_most_every_check_interval_and_per_generation(
+        counting_server: tuple[str, list[int]]) -> None:
+    from crewfence_operator.crew.tool_servers import CHECK_SECONDS
+    from crewfence_operator.handlers.crew import DaemonState, _check_tools
+
+    url, hits = counting_server
+    spec = parse_spec(spec_with({"mcpServers": [{"name": "up", "url": url}]}, ["up"]))
+    state = DaemonState()
+    async with aiohttp.ClientSession() as session:
+        await _check_tools(session, state, spec, 1, 1000.0)
+        await _check_tools(session, state, spec, 1, 1000.0 + CHECK_SECONDS - 1)  # not yet due
+        assert len(hits) == 1 and state.tool_answers == {"up": None}
+        await _check_tools(session, state, spec, 2, 1000.0 + 1)  # a new generation: at once
+        assert len(hits) == 2
+        await _check_tools(session, state, spec, 2, 1001.0 + CHECK_SECONDS)  # due again
+        assert len(hits) == 3
