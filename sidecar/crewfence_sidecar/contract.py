@@ -756,9 +756,6 @@ def parse_resolution_request(body: object, path_action_id: str) -> ResolutionReq
 
 
 # --- the effect ledger: what a record's events say about its tasks, model and tool calls -----
-EFFECT_EVENTS: Final = frozenset({EventName.TASK_STARTED, EventName.TASK_COMPLETED,
-                                  EventName.MODEL_CALL, EventName.TOOL_CALL_STARTED,
-                                  EventName.TOOL_CALL_FINISHED})
 MAX_IN_DOUBT_LISTED: Final = 10
 """``status.effects.inDoubt`` lists at most this many calls (``inDoubtCount`` has them all)."""
 
@@ -801,12 +798,6 @@ class EffectSummary:
                 "modelCalls": self.model_calls, "toolCalls": self.tool_calls,
                 "inDoubt": [c.to_status() for c in self.in_doubt[:MAX_IN_DOUBT_LISTED]],
                 "inDoubtCount": len(self.in_doubt)}
-
-    def usage_status(self) -> dict[str, Any]:
-        """The CrewJob's ``status.usage``."""
-        return {"promptTokens": self.prompt_tokens,
-                "completionTokens": self.completion_tokens,
-                "modelCalls": self.model_calls, "toolCalls": self.tool_calls}
 
     def in_doubt_message(self) -> str:
         if not self.in_doubt:

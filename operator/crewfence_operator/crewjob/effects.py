@@ -16,11 +16,11 @@ Pure. The summary itself is the wire contract's ``summarize_effects`` (one copy,
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Final
+from typing import Any, Final
 
 from crewfence_sidecar.contract import (
-    EFFECT_EVENTS,
     EffectSummary,
+    EventName,
     JobEvent,
     JobRecord,
     summarize_effects,
@@ -30,6 +30,10 @@ from crewfence_operator.crewjob.outcome import Verdict
 
 MAX_READS: Final = 3
 """Attempts to read a terminal record's events before finishing without ``status.effects``."""
+EFFECT_EVENTS: Final = frozenset({EventName.TASK_STARTED, EventName.TASK_COMPLETED,
+                                  EventName.MODEL_CALL, EventName.TOOL_CALL_STARTED,
+                                  EventName.TOOL_CALL_FINISHED})
+"""The events an :class:`EffectLog` keeps (the rest only advance its sequence)."""
 UNREAD: Final = ("tool calls unknown: the record's events could not be read, so whether a "
                  "tool call was in flight is not known")
 
@@ -60,6 +64,13 @@ class EffectLog:
 
     def summary(self) -> EffectSummary:
         return summarize_effects(self.events)
+
+
+def usage_status(summary: EffectSummary) -> dict[str, Any]:
+    """The CrewJob's ``status.usage``."""
+    return {"promptTokens": summary.prompt_tokens,
+            "completionTokens": summary.completion_tokens,
+            "modelCalls": summary.model_calls, "toolCalls": summary.tool_calls}
 
 
 def with_effects(verdict: Verdict, summary: EffectSummary | None,

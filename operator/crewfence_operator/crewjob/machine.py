@@ -46,7 +46,7 @@ from crewfence_sidecar.contract import EffectSummary, FailureCategory, JobRecord
 
 from crewfence_operator.assignment import choose_ordinal
 from crewfence_operator.crewjob import outcome
-from crewfence_operator.crewjob.effects import MAX_READS, EffectLog, with_effects
+from crewfence_operator.crewjob.effects import MAX_READS, EffectLog, usage_status, with_effects
 from crewfence_operator.crewjob.outcome import TERMINAL_PHASES, Phase, Reason, Verdict
 from crewfence_operator.crewjob.output import BoundedOutput, bound_output, configmap_name
 from crewfence_operator.crewjob.replicas import Replica, ReplicaState, journal_changed
@@ -394,7 +394,7 @@ class _Ctx:
             extra["requestHash"] = self.spec.request_hash()
         if effects is not None:
             extra["effects"] = effects.to_status()
-            extra["usage"] = effects.usage_status()
+            extra["usage"] = usage_status(effects)
         patch = terminal_patch(self._status_ctx(), verdict, now=iso(self.obs.now), record=record,
                                output=output, configmap=cm, extra=extra)
         warning = None
