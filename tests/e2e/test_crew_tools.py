@@ -99,6 +99,9 @@ def test_tools_that_resolve_are_accepted_with_defaults(
     stored = cluster.get_json("crew", "accepted", "-n", namespace)["spec"]
     assert stored["tools"]["mcpServers"][0]["transport"] == "streamable-http"  # default
     assert stored["agents"]["clerk"]["tools"] == refs
+    example = cluster.kubectl("apply", "--dry-run=server", "-n", namespace, "-f",
+                              str(REPO / "examples" / "crew-tools.yaml"))
+    assert example.returncode == 0, example.stderr
 
 
 # --- rendering: crews file and header files ------------------------------------------------------
