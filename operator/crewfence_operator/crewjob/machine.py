@@ -29,6 +29,12 @@ I4  A Crew or assigned claim that is gone ends the job within ``gone_grace_secon
 I5  Every uncertain verdict carries its reason and recovery text (``outcome.RECOVERY``), and the
     record's ``uncertain_outcome`` and error ``code`` decide verdicts
     (``outcome.verdict_from_record``).
+I6  A terminal record's ``status.effects`` / ``status.usage`` come only from events covering the
+    record from sequence 0 without a gap (``crewjob/effects.py``): the stream the driver
+    followed when it covered the record, else one :class:`ReadEffects` from 0, before the one
+    terminal patch (no extra API write). An uncertain verdict names the tool calls in doubt or
+    says none was in flight; after ``effects.MAX_READS`` failed reads it says they are unknown
+    (``tests/unit/operator_crewjob/test_effects.py``).
 
 The admission gate: :class:`Gate` is the one place where a "wait: predecessor not resolved"
 check (``spec.supersedes``) plugs in; it is consulted only before the first admission.
