@@ -60,6 +60,7 @@ COND_READY: Final = "Ready"
 COND_STATE_SHARED: Final = "StateVolumeShared"
 COND_CLAIMS_RETAINED: Final = "StateClaimsRetained"
 COND_MODEL_CREDENTIALS: Final = "ModelCredentials"
+COND_TOOLS_READY: Final = "ToolsReady"
 
 DEFAULT_IMAGE: Final = "ghcr.io/crewfence/crewfence:0.1.0"
 

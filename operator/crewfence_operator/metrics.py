@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily, Metric
+
+if TYPE_CHECKING:
+    from crewfence_sidecar.contract import EffectSummary
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -85,6 +89,45 @@ ADMISSION_REQUESTS = Counter(
 
 def observe_admission_request(resource: str) -> None:
     ADMISSION_REQUESTS.labels(resource=resource).inc()
+
+
+# --- effects of finished CrewJobs, per Crew (from the record's events, crewjob/effects.py) ----
+_CREW_LABELS = ["namespace", "crew"]
+TOOL_CALLS = Counter(
+    "crewfence_operator_tool_calls_total",
+    "Tool calls started by finished CrewJobs (tool_call_started events), per Crew.",
+    _CREW_LABELS, registry=REGISTRY,
+)
+TOOL_CALLS_IN_DOUBT = Counter(
+    "crewfence_operator_tool_calls_in_doubt_total",
+    "Tool calls of finished CrewJobs that started and never finished (in doubt), per Crew.",
+    _CREW_LABELS, registry=REGISTRY,
+)
+MODEL_CALLS = Counter(
+    "crewfence_operator_model_calls_total",
+    "Model calls made by finished CrewJobs (model_call events), per Crew.",
+    _CREW_LABELS, registry=REGISTRY,
+)
+PROMPT_TOKENS = Counter(
+    "crewfence_operator_prompt_tokens_total",
+    "Prompt tokens the model reported for finished CrewJobs, per Crew.",
+    _CREW_LABELS, registry=REGISTRY,
+)
+COMPLETION_TOKENS = Counter(
+    "crewfence_operator_completion_tokens_total",
+    "Completion tokens the model reported for finished CrewJobs, per Crew.",
+    _CREW_LABELS, registry=REGISTRY,
+)
+
+
+def observe_job_effects(namespace: str, crew: str, effects: EffectSummary) -> None:
+    """Count one finished CrewJob's effects (once: when its terminal status is decided)."""
+    labels = {"namespace": namespace, "crew": crew}
+    TOOL_CALLS.labels(**labels).inc(effects.tool_calls)
+    TOOL_CALLS_IN_DOUBT.labels(**labels).inc(len(effects.in_doubt))
+    MODEL_CALLS.labels(**labels).inc(effects.model_calls)
+    PROMPT_TOKENS.labels(**labels).inc(effects.prompt_tokens)
+    COMPLETION_TOKENS.labels(**labels).inc(effects.completion_tokens)
 
 
 def serve(port: int, addr: str = "0.0.0.0") -> None:  # noqa: S104 - scraped from outside the pod

@@ -10,7 +10,7 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -73,6 +73,12 @@ class EventName(StrEnum):
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    # the effect ledger (issue 20): see summarize_effects
+    TASK_STARTED = "task_started"
+    TASK_COMPLETED = "task_completed"
+    MODEL_CALL = "model_call"
+    TOOL_CALL_STARTED = "tool_call_started"
+    TOOL_CALL_FINISHED = "tool_call_finished"
 
 
 TERMINAL_EVENTS: Final = frozenset({EventName.COMPLETED, EventName.FAILED, EventName.CANCELLED})
@@ -836,3 +842,101 @@ def parse_resolution_request(body: object, path_action_id: str) -> ResolutionReq
     return ResolutionRequest(crew_id=crew_id, action_id=action_id,
                              outcome=ResolutionOutcome(raw_outcome), note=str(note),
                              evidence=links, resolved_by=resolved_by)
+
+
+# --- the effect ledger: what a record's events say about its tasks, model and tool calls -----
+MAX_IN_DOUBT_LISTED: Final = 10
+"""``status.effects.inDoubt`` lists at most this many calls (``inDoubtCount`` has them all)."""
+
+
+@dataclass(frozen=True)
+class InDoubtCall:
+    """A ``tool_call_started`` with no ``tool_call_finished`` of the same idempotency key."""
+
+    tool: str
+    server: str | None
+    task: str | None
+    started_at: str | None
+    idempotency_key: str
+
+    def to_status(self) -> dict[str, Any]:
+        return {"tool": self.tool, "server": self.server, "task": self.task,
+                "startedAt": self.started_at, "idempotencyKey": self.idempotency_key}
+
+    def describe(self) -> str:
+        short = self.tool.split("/", 1)[1] if self.server and "/" in self.tool else self.tool
+        where = f" (server {self.server})" if self.server else " (python)"
+        return f"`{short}`{where}, task `{self.task}`, key {self.idempotency_key}"
+
+
+@dataclass(frozen=True)
+class EffectSummary:
+    """Counts of a record's effect events, and the tool calls in doubt (pure)."""
+
+    tasks_completed: int = 0
+    tasks_total: int = 0
+    model_calls: int = 0
+    tool_calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    in_doubt: list[InDoubtCall] = field(default_factory=list)
+
+    def to_status(self) -> dict[str, Any]:
+        """The CrewJob's ``status.effects``."""
+        return {"tasksCompleted": self.tasks_completed, "tasksTotal": self.tasks_total,
+                "modelCalls": self.model_calls, "toolCalls": self.tool_calls,
+                "inDoubt": [c.to_status() for c in self.in_doubt[:MAX_IN_DOUBT_LISTED]],
+                "inDoubtCount": len(self.in_doubt)}
+
+    def in_doubt_message(self) -> str:
+        if not self.in_doubt:
+            return "no tool call was in flight"
+        n = len(self.in_doubt)
+        listed = "; ".join(c.describe() for c in self.in_doubt[:MAX_IN_DOUBT_LISTED])
+        more = f"; and {n - MAX_IN_DOUBT_LISTED} more" if n > MAX_IN_DOUBT_LISTED else ""
+        return f"{n} tool call{'s' if n != 1 else ''} in doubt: {listed}{more}"
+
+
+def _int_or_zero(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def summarize_effects(events: Iterable[JobEvent | Mapping[str, Any]]) -> EffectSummary:
+    """Summarize a record's events (in sequence order); unknown events are ignored.
+
+    A started tool call is in doubt until a ``tool_call_finished`` with its idempotency key
+    follows (an error result is a finished call, not a doubt).
+    """
+    tasks_total = model_calls = tool_calls = prompt = completion = 0
+    completed: set[object] = set()
+    open_calls: dict[str, InDoubtCall] = {}
+    for raw in events:
+        name, data = ((raw.event, raw.data) if isinstance(raw, JobEvent)
+                      else (str(raw.get("event")), raw.get("data") or {}))
+        if not isinstance(data, Mapping):
+            continue
+        if name == EventName.TASK_STARTED:
+            tasks_total = max(tasks_total, _int_or_zero(data.get("total")))
+        elif name == EventName.TASK_COMPLETED:
+            completed.add(data.get("index", data.get("task")))
+            tasks_total = max(tasks_total, _int_or_zero(data.get("total")))
+        elif name == EventName.MODEL_CALL:
+            model_calls += 1
+            prompt += _int_or_zero(data.get("prompt_tokens"))
+            completion += _int_or_zero(data.get("completion_tokens"))
+        elif name == EventName.TOOL_CALL_STARTED:
+            tool_calls += 1
+            key = str(data.get("idempotency_key") or f"call-{tool_calls}")
+            server = data.get("server")
+            task = data.get("task")
+            at = data.get("at")
+            open_calls[key] = InDoubtCall(
+                tool=str(data.get("tool") or "?"),
+                server=str(server) if server is not None else None,
+                task=str(task) if task is not None else None,
+                started_at=str(at) if at is not None else None, idempotency_key=key)
+        elif name == EventName.TOOL_CALL_FINISHED:
+            open_calls.pop(str(data.get("idempotency_key")), None)
+    return EffectSummary(tasks_completed=len(completed), tasks_total=tasks_total,
+                         model_calls=model_calls, tool_calls=tool_calls, prompt_tokens=prompt,
+                         completion_tokens=completion, in_doubt=list(open_calls.values()))

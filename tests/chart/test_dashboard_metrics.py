@@ -53,6 +53,11 @@ OPERATOR_METRICS = {
     "crewfence_operator_fenced_replicas",
     "crewfence_operator_unresolved_uncertain_crewjobs",
     "crewfence_operator_oldest_unresolved_uncertain_seconds",
+    "crewfence_operator_tool_calls_total",
+    "crewfence_operator_tool_calls_in_doubt_total",
+    "crewfence_operator_model_calls_total",
+    "crewfence_operator_prompt_tokens_total",
+    "crewfence_operator_completion_tokens_total",
 }
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 

@@ -14,6 +14,7 @@ from crewfence_operator.crew.credentials import (
 from crewfence_operator.crew.identity import CrewRef, object_meta, replica_labels
 from crewfence_operator.crew.resources import LLM_API_KEY_ENV, claim_for_ordinal
 from crewfence_operator.crew.spec import CrewSpec, JournalBounds
+from crewfence_operator.crew.tools import header_mounts, header_volumes
 from crewfence_operator.transport.cert_manager import CertManagerSettings
 
 
@@ -109,10 +110,11 @@ def _volumes(crew: CrewRef, spec: CrewSpec, ordinal: int,
          "configMap": {"name": c.crews_configmap_name(crew.name), "defaultMode": 0o444}},
         {"name": "scratch", "emptyDir": {}},
         {"name": "tmp", "emptyDir": {}},
+        *header_volumes(spec.tools),
     ]
 
 
-def _mounts(files: bool = False) -> list[dict[str, Any]]:
+def _mounts(spec: CrewSpec, files: bool = False) -> list[dict[str, Any]]:
     extra = [credentials_mount()] if files else []
     return [
         *extra,
@@ -120,6 +122,7 @@ def _mounts(files: bool = False) -> list[dict[str, Any]]:
         {"name": "crews", "mountPath": c.CREWS_MOUNT, "readOnly": True},
         {"name": "scratch", "mountPath": c.SCRATCH_MOUNT},
         {"name": "tmp", "mountPath": "/tmp"},  # noqa: S108 - a private emptyDir, not a shared /tmp
+        *header_mounts(spec.tools),
     ]
 
 
@@ -141,7 +144,7 @@ def replica_pod(
             "httpGet": {"path": "/health", "port": c.SIDECAR_PORT_NAME},
             "periodSeconds": 5, "timeoutSeconds": 3, "failureThreshold": 3,
         },
-        "volumeMounts": _mounts(settings.sidecar_tls),
+        "volumeMounts": _mounts(spec, settings.sidecar_tls),
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "readOnlyRootFilesystem": True,

@@ -14,6 +14,7 @@ from crewfence_operator.crew.identity import (
     state_claim_labels,
 )
 from crewfence_operator.crew.spec import CrewSpec
+from crewfence_operator.crew.tools import render_tools
 
 LLM_API_KEY_ENV = "CREWFENCE_LLM_API_KEY"
 
@@ -45,6 +46,9 @@ def render_crews_file(crew: CrewRef, spec: CrewSpec) -> str:
     }
     if spec.knowledge:
         definition["knowledge"] = [{"name": k.name, "content": k.content} for k in spec.knowledge]
+    if spec.tools:
+        # Paths and names only: header values stay in their Secrets (crew/tools.py).
+        definition["tools"] = render_tools(spec.tools)
     document = {"crews": {crew.name: definition}} if spec.declarative else {"crews": {}}
     return yaml.safe_dump(document, sort_keys=True, allow_unicode=True)
 

@@ -9,6 +9,8 @@ from typing import Any
 
 from crewfence_sidecar.contract import Operation
 
+from crewfence_operator.crew.tools import ToolsSpec, parse_tools, unknown_agent_tools
+
 ALL_OPERATIONS: tuple[str, ...] = tuple(op.value for op in Operation)
 SINGLE_WRITER_MODES: frozenset[str] = frozenset({"ReadWriteOncePod", "ReadWriteOnce"})
 SHARED_MODES: frozenset[str] = frozenset({"ReadWriteMany", "ReadOnlyMany"})
@@ -100,6 +102,8 @@ class CrewSpec:
     journal: JournalBounds = field(default_factory=JournalBounds)
     service_account_name: str | None = None
     worker_limits: WorkerLimits = field(default_factory=WorkerLimits)
+    tools: ToolsSpec = field(default_factory=ToolsSpec)
+    """``spec.tools``: MCP servers and Python tools (``crew/tools.py``)."""
 
     @property
     def declarative(self) -> bool:
@@ -174,13 +178,23 @@ def parse_spec(raw: Mapping[str, Any] | None) -> CrewSpec:
     worker_limits = WorkerLimits(memory_mib=_opt_int(w_raw, "memoryMiB"),
                                  cpu_seconds=_opt_int(w_raw, "cpuSeconds"),
                                  max_jobs=_opt_int(w_raw, "maxJobs"))
+    try:
+        tools = parse_tools(raw.get("tools"))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise SpecError(f"spec.tools is malformed: {exc}") from None
+    agents = dict(raw.get("agents") or {})
+    unresolved = unknown_agent_tools(tools, agents)
+    if unresolved:
+        named = "; ".join(f"agent {a} names {', '.join(t)}" for a, t in sorted(unresolved.items()))
+        raise SpecError(f"unknown tool(s): {named}")
     return CrewSpec(
+        tools=tools,
         worker_limits=worker_limits,
         replicas=replicas,
         operations=ops,
         llm=llm,
         process=str(raw.get("process") or "sequential"),
-        agents=dict(raw.get("agents") or {}),
+        agents=agents,
         tasks=tuple(raw.get("tasks") or ()),
         knowledge=knowledge,
         entrypoint=raw.get("entrypoint"),

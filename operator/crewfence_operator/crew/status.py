@@ -10,6 +10,7 @@ from typing import Any
 
 from crewfence_operator import constants as c
 from crewfence_operator.crew.model_credentials import CredentialsVerdict
+from crewfence_operator.crew.tool_servers import ToolsVerdict
 
 
 class ReplicaState(StrEnum):
@@ -175,6 +176,9 @@ class CrewObservation:
     credentials: CredentialsVerdict | None = None
     """The ``ModelCredentials`` condition's content (``crew/model_credentials.py``); None:
     no such condition (an entrypoint crew, or a spec that did not parse)."""
+    tools: ToolsVerdict | None = None
+    """The ``ToolsReady`` condition's content (``crew/tool_servers.py``); None: no such
+    condition (a spec that did not parse)."""
 
 
 def crew_status(obs: CrewObservation, now: str | None = None) -> dict[str, Any]:
@@ -227,6 +231,9 @@ def crew_status(obs: CrewObservation, now: str | None = None) -> dict[str, Any]:
         conditions.append(condition(prev, c.COND_MODEL_CREDENTIALS, obs.credentials.status,
                                     obs.credentials.reason, obs.credentials.message,
                                     obs.generation, now))
+    if obs.tools is not None:
+        conditions.append(condition(prev, c.COND_TOOLS_READY, obs.tools.status,
+                                    obs.tools.reason, obs.tools.message, obs.generation, now))
     return {
         "observedGeneration": obs.generation,
         "replicas": replicas,

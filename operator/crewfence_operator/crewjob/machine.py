@@ -35,6 +35,12 @@ I5  Every uncertain verdict carries its reason and recovery text (``outcome.RECO
 I6  No verdict before the probe. A CrewJob's status can be new while its action is not (GitOps
     prune and re-apply): ``cancel: true`` and the admission gate are decided only after every
     replica answered that it does not know the action; one that does is attached to.
+I7  A terminal record's ``status.effects`` / ``status.usage`` come only from events covering the
+    record from sequence 0 without a gap (``crewjob/effects.py``): the stream the driver
+    followed when it covered the record, else one :class:`ReadEffects` from 0, before the one
+    terminal patch (no extra API write). An uncertain verdict names the tool calls in doubt or
+    says none was in flight; after ``effects.MAX_READS`` failed reads it says they are unknown
+    (``tests/unit/operator_crewjob/test_effects.py``).
 
 The admission gate: :class:`Gate` is the one place where a "wait: predecessor not resolved"
 check (``spec.supersedes``) plugs in; it is consulted only before the first admission.
@@ -48,10 +54,11 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from crewfence_sidecar import contract
-from crewfence_sidecar.contract import FailureCategory, JobRecord
+from crewfence_sidecar.contract import EffectSummary, FailureCategory, JobRecord
 
 from crewfence_operator.assignment import choose_ordinal
 from crewfence_operator.crewjob import outcome
+from crewfence_operator.crewjob.effects import MAX_READS, EffectLog, usage_status, with_effects
 from crewfence_operator.crewjob.outcome import TERMINAL_PHASES, Phase, Reason, Verdict
 from crewfence_operator.crewjob.output import BoundedOutput, bound_output, configmap_name
 from crewfence_operator.crewjob.replicas import Replica, ReplicaState, journal_changed
@@ -157,6 +164,11 @@ class Memory:
     deletion_since: float | None = None
     cursor: int = 0
     progress: Progress = field(default_factory=Progress)
+    effects: EffectLog = field(default_factory=EffectLog)
+    """Effect events followed from the stream (usable only if they cover the record)."""
+    effects_read: EffectLog | SidecarFailure | None = None
+    """The answer to :class:`ReadEffects` (the record's events read again from 0)."""
+    effects_failures: int = 0
 
     def fresh_round(self) -> Memory:
         """After a wait: probe and lookup answers are stale."""
@@ -213,6 +225,13 @@ class Follow:
 
 
 @dataclass(frozen=True)
+class ReadEffects:
+    """Read the (terminal) record's events from sequence 0 to summarize its effects."""
+
+    replica: Replica
+
+
+@dataclass(frozen=True)
 class Cancel:
     """POST the cancel route on the assigned replica (idempotent)."""
 
@@ -232,6 +251,8 @@ class Finish:
     record: JobRecord | None
     output: BoundedOutput | None
     configmap: str | None
+    effects: EffectSummary | None = None
+    """The record's effect summary (``status.effects``; the per-Crew counters)."""
 
 
 @dataclass(frozen=True)
@@ -239,7 +260,7 @@ class Release:
     """Deletion handled: let kopf remove the finalizer."""
 
 
-Step = Probe | Lookup_ | Admit | Follow | Cancel | Wait | Finish | Release
+Step = Probe | Lookup_ | Admit | Follow | ReadEffects | Cancel | Wait | Finish | Release
 
 
 @dataclass(frozen=True)
@@ -375,7 +396,15 @@ class _Ctx:
 
     # --- terminal ---------------------------------------------------------------------------
     def finish(self, verdict: Verdict, record: JobRecord | None = None,
-               assignment: Assignment | None = None) -> Decision:
+               assignment: Assignment | None = None,
+               effects: EffectSummary | None = None) -> Decision:
+        """The terminal patch: one write carrying the verdict, output and effects."""
+        partial = False
+        if effects is None and record is None and verdict.uncertain \
+                and not self.mem.effects.broken and self.mem.effects.next_sequence > 0:
+            # No record to read (e.g. the journal is gone): what the stream showed is evidence.
+            effects, partial = self.mem.effects.summary(), True
+        verdict = with_effects(verdict, effects, partial=partial)
         output = bound_output(record.output) if record is not None else None
         cm = configmap_name(self.obs.name) if output is not None else None
         extra: dict[str, Any] = {"eventCursor": self.mem.cursor,
@@ -391,6 +420,9 @@ class _Ctx:
             extra["assignment"] = self.assignment_status(chosen)
         if isinstance(self.obs.spec, JobSpec) and record is None:
             extra["requestHash"] = self.spec.request_hash()
+        if effects is not None:
+            extra["effects"] = effects.to_status()
+            extra["usage"] = usage_status(effects)
         patch = terminal_patch(self._status_ctx(), verdict, now=iso(self.obs.now), record=record,
                                output=output, configmap=cm, extra=extra)
         warning = None
@@ -398,7 +430,7 @@ class _Ctx:
             warning = Warning_(f"OutcomeUncertain{verdict.reason.value}",
                                f"{verdict.message}. {verdict.recovery}"[:1000],
                                verdict.reason.value)
-        return self.decision(Finish(verdict, record, output, cm), patch, warning)
+        return self.decision(Finish(verdict, record, output, cm, effects), patch, warning)
 
     def cancellation_now(self) -> Cancellation:
         c = Cancellation.from_status(self.obs.status.get("cancellation"))
@@ -529,7 +561,7 @@ def _attach_found(ctx: _Ctx, replica: Replica, lookup: Lookup) -> Decision:
         return ctx.finish(outcome.request_changed(record.request_hash, spec.request_hash()),
                           None, assignment)
     if record.terminal:
-        return ctx.finish(_record_verdict(ctx, record), record, assignment)
+        return _finish_record(ctx, replica, record, assignment)
     extra = {"assignment": {**assignment.to_status(), "assignedAt": iso(ctx.obs.now)},
              "requestHash": record.request_hash, "startedAt": record.created_at,
              "eventCursor": ctx.mem.cursor, "progress": ctx.mem.progress.to_status()}
@@ -540,6 +572,31 @@ def _attach_found(ctx: _Ctx, replica: Replica, lookup: Lookup) -> Decision:
 
 def _archived(lookup: Lookup) -> Verdict:
     return outcome.archived_verdict(lookup.tombstone or {})
+
+
+def _finish_record(ctx: _Ctx, replica: Replica, record: JobRecord,
+                   assignment: Assignment | None = None) -> Decision:
+    """A terminal record decides; its effects come from events covering it from 0.
+
+    The events followed live are used when they cover the record; otherwise one
+    :class:`ReadEffects` reads them again (no API write: the status is written once, by the
+    terminal patch). After :data:`effects.MAX_READS` failed reads the verdict is written
+    without ``status.effects`` and its message says the tool calls are unknown.
+    """
+    log: EffectLog | None = ctx.mem.effects if ctx.mem.effects.covers(record) else None
+    read = ctx.mem.effects_read
+    if log is None and isinstance(read, EffectLog) and read.covers(record):
+        log = read
+    elif log is None and read is not None:
+        failures = ctx.mem.effects_failures + 1
+        if failures < MAX_READS:
+            return ctx.decision(Wait(ctx.settings.backoff(failures), "EffectsUnread"), None,
+                                effects_read=None, effects_failures=failures)
+        ctx.mem = replace(ctx.mem, effects_failures=failures)
+    elif log is None and ctx.mem.effects_failures < MAX_READS and replica.can_answer:
+        return ctx.decision(ReadEffects(replica))
+    return ctx.finish(_record_verdict(ctx, record), record, assignment,
+                      effects=log.summary() if log is not None else None)
 
 
 def _record_verdict(ctx: _Ctx, record: JobRecord) -> Verdict:
@@ -761,7 +818,7 @@ def _after_lookup(ctx: _Ctx, a: Assignment, replica: Replica, lookup: Lookup) ->
         return ctx.finish(outcome.request_changed(record.request_hash, spec.request_hash()))
     ctx.mem = replace(ctx.mem, admitted=True)
     if record.terminal:
-        return ctx.finish(_record_verdict(ctx, record), record)
+        return _finish_record(ctx, replica, record)
     # Running: the record settles any earlier AnswerLost (not an InvalidStream: that one stays
     # until a terminal record decides, see I2).
     settled = ctx.known.uncertain and ctx.known.reason == Reason.ANSWER_LOST.value

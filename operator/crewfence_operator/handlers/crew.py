@@ -44,6 +44,9 @@ from crewfence_operator.crew.status import (
     pod_is_ready,
 )
 from crewfence_operator.crew.template import pod_template_hash
+from crewfence_operator.crew.tool_servers import CHECK_SECONDS as TOOLS_CHECK_SECONDS
+from crewfence_operator.crew.tool_servers import decide as tools_verdict
+from crewfence_operator.crew.tool_servers import probe as probe_tools
 from crewfence_operator.sidecar_client import Endpoint, SidecarClient, SidecarFailure
 from crewfence_operator.transport import cert_source, pki_apply, token_roll
 
@@ -133,6 +136,9 @@ class DaemonState:
     announced: set[str] = field(default_factory=set)
     full_ensure: tuple[int | None, float] = (None, 0.0)
     """(generation, monotonic time) of the last full ensure."""
+    tool_answers: dict[str, str | None] = field(default_factory=dict)
+    tools_checked: tuple[int | None, float] = (None, 0.0)
+    """(generation, monotonic time) of the last MCP server check (``crew/tool_servers.py``)."""
 
 
 @kopf.daemon(c.GROUP, c.VERSION, c.CREW_PLURAL, cancellation_timeout=10.0)
@@ -243,7 +249,8 @@ async def reconcile_once(
         state.token = token_roll.sending_token(await asyncio.to_thread(
             kube.read_secret_value, namespace, c.token_secret_name(name), c.TOKEN_SECRET_KEY))
     tls_for = await cert_source.endpoint_options_for(cfg, namespace, name)
-    healths = await _healths(session, snap.pods, state.token, cfg, tls_for)
+    healths, _ = await asyncio.gather(_healths(session, snap.pods, state.token, cfg, tls_for),
+                                      _check_tools(session, state, spec, generation, now))
     if cfg.sidecar_tls:  # token files are re-read by the sidecars: a roll is possible
         addresses = {o: a for o, pod in snap.pods.items()
                      if (a := pod_address(pod, cfg.sidecar_port)) is not None}
@@ -316,9 +323,23 @@ async def reconcile_once(
         retained_claims=[d.retained for d in decisions if d.retained],
         previous_conditions=previous.get("conditions") or [], port=cfg.sidecar_port,
         error=error, credentials=credentials_verdict(spec, reported_states(
-            name, {o: h.model_credentials if h else None for o, h in healths.items()})))
+            name, {o: h.model_credentials if h else None for o, h in healths.items()})),
+        tools=tools_verdict(spec.tools, state.tool_answers))
     metrics.observe_fenced_replicas(crew.key, len(fence_by_ordinal))
     await _write_status(crew, previous, obs)
+
+
+async def _check_tools(session: aiohttp.ClientSession, state: DaemonState, spec: CrewSpec,
+                       generation: int | None, now: float) -> None:
+    """Ask the MCP servers again when due (bounded: ``crew/tool_servers.py``)."""
+    last_generation, last_time = state.tools_checked
+    if not spec.tools.mcp_servers:
+        state.tool_answers = {}
+        return
+    if last_generation == generation and now - last_time < TOOLS_CHECK_SECONDS:
+        return
+    state.tool_answers = await probe_tools(session, spec.tools)
+    state.tools_checked = (generation, now)
 
 
 def _client(session: aiohttp.ClientSession, pod: Mapping[str, Any] | None, token: str | None,

@@ -27,6 +27,7 @@ from crewfence_sidecar import contract
 from crewfence_operator import constants as c
 from crewfence_operator import metrics
 from crewfence_operator.crewjob import machine, outcome
+from crewfence_operator.crewjob.effects import EffectLog
 from crewfence_operator.crewjob.machine import (
     OPEN_GATE,
     Admit,
@@ -39,6 +40,7 @@ from crewfence_operator.crewjob.machine import (
     Memory,
     Observation,
     Probe,
+    ReadEffects,
     Release,
     StreamEnded,
     Wait,
@@ -205,6 +207,8 @@ class JobDriver:
             await self.write(patch)
         if isinstance(step, Finish):
             self.done = True
+            if step.effects is not None and isinstance(self.spec, JobSpec):
+                metrics.observe_job_effects(self.namespace, self.spec.crew, step.effects)
             log.info("crewjob %s/%s: %s (%s)%s", self.namespace, self.name,
                      step.verdict.phase.value, step.verdict.reason.value,
                      " uncertain" if step.verdict.uncertain else "")
@@ -226,6 +230,8 @@ class JobDriver:
             await self._cancel(step)
         elif isinstance(step, Follow):
             await self._follow(step)
+        elif isinstance(step, ReadEffects):
+            await self._read_effects(step)
 
     async def write(self, patch: Mapping[str, Any]) -> None:
         written = await self.rt.io.patch_status(self.namespace, self.name, patch)
@@ -306,6 +312,7 @@ class JobDriver:
         client = await self.client(replica)
         async for event in client.follow(self.spec.action_id, self.memory.cursor):
             self._remember(replace(self.memory, cursor=event.sequence + 1))
+            self.memory.effects.observe(event)
             progress.events += 1
             progress.last_event = event.event
             if event.event == contract.EventName.CHUNK:
@@ -317,6 +324,23 @@ class JobDriver:
                     self._progress_clock = time.monotonic()
                 continue
             await self._maybe_write_progress()
+
+    async def _read_effects(self, step: ReadEffects) -> None:
+        """The terminal record's events from 0 (its stream ends after the terminal event; at
+        most the journal's events per run), for ``status.effects``. No API write."""
+        assert isinstance(self.spec, JobSpec)
+        effect_log = EffectLog()
+        try:
+            client = await self.client(step.replica)
+            async for event in client.follow(self.spec.action_id, 0):
+                effect_log.observe(event)
+                if event.event in contract.TERMINAL_EVENTS:
+                    break
+        except SidecarFailure as exc:
+            metrics.observe_sidecar_failure(exc.category.value)
+            self._remember(replace(self.memory, effects_read=exc))
+            return
+        self._remember(replace(self.memory, effects_read=effect_log))
 
     async def _maybe_write_progress(self) -> None:
         """At most one progress write per ``progress_seconds`` of execution: a job that ends

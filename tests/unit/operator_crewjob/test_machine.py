@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from crewfence_operator.crewjob import machine as m
+from crewfence_operator.crewjob.effects import EffectLog
 from crewfence_operator.crewjob.machine import (
     Admit,
     Cancel,
@@ -46,6 +47,11 @@ def record(status: Status = Status.RUNNING, *, uncertain: bool = False,
                      created_at="2026-01-01T00:00:00Z", updated_at="2026-01-01T00:00:01Z",
                      output="out" if status is Status.COMPLETED else None, error=error,
                      uncertain_outcome=uncertain)
+
+
+def covered(events: int = 1) -> EffectLog:
+    """An effect log that followed a record's ``events`` events from 0 (none of them effects)."""
+    return EffectLog(next_sequence=events)
 
 
 def assigned(k: int = 0, journal: str | None = None, at: float = NOW) -> dict[str, Any]:
@@ -115,7 +121,7 @@ def test_a_replica_that_knows_the_action_is_attached_not_readmitted() -> None:
 
 
 def test_a_known_terminal_record_finishes_from_the_record() -> None:
-    d = m.decide(obs(replica(0), memory=Memory(probes={0: Lookup(
+    d = m.decide(obs(replica(0), memory=Memory(effects=covered(), probes={0: Lookup(
         record=record(Status.CANCELLED, uncertain=True, error={"code": "cancelled"}))})))
     assert isinstance(d.step, Finish) and d.step.verdict.phase is Phase.CANCELLED
 
@@ -167,7 +173,8 @@ def test_a_successor_whose_own_action_is_known_attaches_whatever_the_gate_says()
     closed = Gate(open=False, message="predecessor not found")
     done = record(Status.COMPLETED)
     d = m.decide(obs(replica(0), gate=closed, memory=Memory(probes={0: Lookup(record=done)})))
-    assert isinstance(d.step, Finish) and d.step.verdict.phase is Phase.SUCCEEDED
+    assert isinstance(d.step, m.ReadEffects), "the record is attached to (its effects read)"
+    assert d.patch is None or d.patch.get("reason") != "PredecessorUnresolved"
 
 
 def test_no_crew_waits_pending() -> None:
@@ -301,7 +308,8 @@ def test_a_draining_assigned_replica_without_the_action_is_reassigned_after_sett
 
 def test_terminal_record_finishes_with_the_records_verdict() -> None:
     rec = record(Status.COMPLETED, uncertain=True)
-    d = m.decide(obs(replica(0), status=assigned(), memory=Memory(lookup=Lookup(record=rec))))
+    d = m.decide(obs(replica(0), status=assigned(),
+                     memory=Memory(effects=covered(), lookup=Lookup(record=rec))))
     assert isinstance(d.step, Finish)
     assert (d.step.verdict.phase, d.step.verdict.uncertain) == (Phase.SUCCEEDED, True)
     assert d.patch is not None and d.patch["output"]["value"] == "out"

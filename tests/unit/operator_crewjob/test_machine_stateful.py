@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from crewfence_operator.crewjob import machine as m
+from crewfence_operator.crewjob.effects import EffectLog
 from crewfence_operator.crewjob.machine import (
     Admit,
     Cancel,
@@ -134,6 +135,13 @@ class CrewJobWorld(RuleBasedStateMachine):
             sim = self.sims.get(step.replica.ordinal)
             ok = sim is not None and sim.answers and self.crew_exists
             self.memory = replace(self.memory, stream=m.StreamEnded() if ok else LOST_READ)
+        elif isinstance(step, m.ReadEffects):
+            sim = self.sims.get(step.replica.ordinal)
+            rec = self.record_of(step.replica.ordinal)
+            read: EffectLog | SidecarFailure = LOST_READ
+            if sim is not None and sim.answers and self.crew_exists and rec is not None:
+                read = EffectLog(next_sequence=rec.event_count)
+            self.memory = replace(self.memory, effects_read=read)
         elif isinstance(step, Wait):
             self.now += max(step.seconds, 0.001)
             self.memory = self.memory.fresh_round()

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from crewfence_operator.crewjob import machine as m
+from crewfence_operator.crewjob.effects import EffectLog
 from crewfence_operator.crewjob.machine import CrewView, Finish, Memory, Observation
 from crewfence_operator.crewjob.outcome import Phase, verdict_from_record, with_stop
 from crewfence_operator.crewjob.replicas import Replica, ReplicaState
@@ -66,7 +67,8 @@ def test_without_the_stop_in_the_record_the_advice_stays() -> None:
 
 def test_the_status_shows_the_stop_even_for_a_timeout() -> None:
     rec: JobRecord = record(Status.FAILED, uncertain=True, error={"code": "timeout", **STOPPED})
-    d = m.decide(obs(replica(0), memory=Memory(probes={0: Lookup(record=rec)})))
+    d = m.decide(obs(replica(0), memory=Memory(effects=EffectLog(next_sequence=2),
+                                                probes={0: Lookup(record=rec)})))
     assert isinstance(d.step, Finish) and d.step.verdict.phase is Phase.FAILED
     assert d.patch is not None
     assert d.patch["cancellation"]["workStopped"] is True

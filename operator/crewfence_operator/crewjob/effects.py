@@ -1,0 +1,88 @@
+"""What a CrewJob's record says about its effects: tasks, model calls, tool calls in doubt.
+
+Pure. The summary itself is the wire contract's ``summarize_effects`` (one copy, in
+``crewfence_sidecar.contract``); this module keeps the operator's side of it:
+
+* :class:`EffectLog` collects the effect events of one record while the driver follows its
+  stream. It is only used when it covers the record **from sequence 0 without a gap up to the
+  record's ``event_count``**: a log that began mid-record (an operator restart resumes at
+  ``status.eventCursor``) or skipped an event is marked broken and never summarized, so the
+  machine reads the record's events again from 0 instead (``machine.ReadEffects``).
+* :func:`with_effects` is the one place a verdict's message learns about tool calls: an
+  uncertain verdict, or any verdict with a call in doubt, names the calls in doubt (or says
+  none was in flight), so "what may have happened outside" is answered where the outcome is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Final
+
+from crewfence_sidecar.contract import (
+    EffectSummary,
+    EventName,
+    JobEvent,
+    JobRecord,
+    summarize_effects,
+)
+
+from crewfence_operator.crewjob.outcome import Verdict
+
+MAX_READS: Final = 3
+"""Attempts to read a terminal record's events before finishing without ``status.effects``."""
+EFFECT_EVENTS: Final = frozenset({EventName.TASK_STARTED, EventName.TASK_COMPLETED,
+                                  EventName.MODEL_CALL, EventName.TOOL_CALL_STARTED,
+                                  EventName.TOOL_CALL_FINISHED})
+"""The events an :class:`EffectLog` keeps (the rest only advance its sequence)."""
+UNREAD: Final = ("tool calls unknown: the record's events could not be read, so whether a "
+                 "tool call was in flight is not known")
+
+
+@dataclass
+class EffectLog:
+    """Effect events of one record, in order, read from sequence 0 (mutable, like Progress)."""
+
+    next_sequence: int = 0
+    events: list[JobEvent] = field(default_factory=list)
+    broken: bool = False
+    """An event arrived out of order (a resumed stream): this log never covers the record."""
+
+    def observe(self, event: JobEvent) -> None:
+        if self.broken:
+            return
+        if event.sequence != self.next_sequence:
+            self.broken = True
+            self.events.clear()
+            return
+        self.next_sequence += 1
+        if event.event in EFFECT_EVENTS:
+            self.events.append(event)
+
+    def covers(self, record: JobRecord) -> bool:
+        """Every event of ``record`` (terminal: no more will come) went through this log."""
+        return not self.broken and self.next_sequence >= record.event_count
+
+    def summary(self) -> EffectSummary:
+        return summarize_effects(self.events)
+
+
+def usage_status(summary: EffectSummary) -> dict[str, Any]:
+    """The CrewJob's ``status.usage``."""
+    return {"promptTokens": summary.prompt_tokens,
+            "completionTokens": summary.completion_tokens,
+            "modelCalls": summary.model_calls, "toolCalls": summary.tool_calls}
+
+
+def with_effects(verdict: Verdict, summary: EffectSummary | None,
+                 *, partial: bool = False) -> Verdict:
+    """The verdict, its message naming the tool calls in doubt when that matters."""
+    if summary is None:
+        if not verdict.uncertain:
+            return verdict
+        return replace(verdict, message=f"{verdict.message}; {UNREAD}")
+    if not (verdict.uncertain or summary.in_doubt):
+        return verdict
+    text = summary.in_doubt_message()
+    if partial:
+        text = f"{text} (as far as the operator read the event stream)"
+    return replace(verdict, message=f"{verdict.message}; {text}")
