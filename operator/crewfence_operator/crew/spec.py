@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,6 +119,27 @@ def _opt_int(raw: Mapping[str, Any], key: str) -> int | None:
     return None if value is None else int(value)
 
 
+def misplaced_context(tasks: Sequence[Mapping[str, Any]]) -> str | None:
+    """Why a task's ``context`` would make the sidecar refuse the crew (None: it would not).
+
+    CrewAI passes on only the outputs of tasks that already ran, so a context names EARLIER
+    tasks. The API server's CEL budget cannot afford this check over 64 tasks; the operator
+    makes it, and a refused spec reaches the Crew's status (Ready=False, naming the field)
+    instead of a pod that would crash-loop.
+    """
+    seen: set[str] = set()
+    for index, task in enumerate(tasks):
+        for name in task.get("context") or ():
+            if name not in seen:
+                where = ("the task itself" if name == task.get("name")
+                         else "a later task" if any(t.get("name") == name for t in tasks)
+                         else "no task of spec.tasks")
+                return (f"spec.tasks[{index}].context names {name!r}, which is {where}: a "
+                        "context must name EARLIER tasks")
+        seen.add(str(task.get("name")))
+    return None
+
+
 def parse_spec(raw: Mapping[str, Any] | None) -> CrewSpec:
     """Build a CrewSpec from ``.spec``; raises SpecError for what the schema should prevent."""
     raw = raw or {}
@@ -187,6 +208,10 @@ def parse_spec(raw: Mapping[str, Any] | None) -> CrewSpec:
     if unresolved:
         named = "; ".join(f"agent {a} names {', '.join(t)}" for a, t in sorted(unresolved.items()))
         raise SpecError(f"unknown tool(s): {named}")
+    tasks = tuple(raw.get("tasks") or ())
+    context_error = misplaced_context(tasks)
+    if context_error:
+        raise SpecError(context_error)
     return CrewSpec(
         tools=tools,
         worker_limits=worker_limits,
@@ -195,7 +220,7 @@ def parse_spec(raw: Mapping[str, Any] | None) -> CrewSpec:
         llm=llm,
         process=str(raw.get("process") or "sequential"),
         agents=agents,
-        tasks=tuple(raw.get("tasks") or ()),
+        tasks=tasks,
         knowledge=knowledge,
         entrypoint=raw.get("entrypoint"),
         image=raw.get("image"),
