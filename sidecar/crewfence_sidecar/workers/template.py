@@ -12,6 +12,11 @@ Invariants kept here:
 - Reaped means gone: the template reaps each worker (whether it ran one job or several),
   then SIGKILLs what is left of its process group, and only then reports ``exited``;
   signal requests for a pid it has reaped are ignored (no signal can reach a recycled pid).
+- Nothing of a job outlives its worker's ``exited``: the template is the subreaper of the
+  workers' descendants, so a process a job left outside its process group (``setsid`` and a
+  double fork) is re-parented to the template when its worker dies; before reporting
+  ``exited`` the template SIGKILLs and reaps every such leftover, so a record that says
+  ``work_stopped`` never has a descendant of its job still running.
 - Dies with the sidecar: PR_SET_PDEATHSIG (SIGTERM) and the end of the control socket both
   make it SIGKILL every worker group it started, reap them and exit.
 """
@@ -33,7 +38,12 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from crewfence_sidecar.workers.protocol import ExitStatus, recv_control, send_control
-from crewfence_sidecar.workers.settings import TemplateSettings, die_with_parent
+from crewfence_sidecar.workers.reuse import live_children
+from crewfence_sidecar.workers.settings import (
+    TemplateSettings,
+    become_subreaper,
+    die_with_parent,
+)
 
 SIDECAR_EXTRA_HINT = ("crewai is not installed: install the sidecar extra, "
                       "pip install 'crewfence[sidecar]'")
@@ -131,6 +141,7 @@ class Template:
         self.settings = settings
         self.live: set[int] = set()
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.subreaper = become_subreaper()
 
     def serve(self) -> None:
         signal.signal(signal.SIGCHLD, lambda *_: None)
@@ -208,12 +219,30 @@ class Template:
             self.live.discard(pid)
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)  # whatever the job left in its group
+            self._kill_leftovers()
             exit_status = ExitStatus.from_wait_status(status)
             cpu = round(usage.ru_utime + usage.ru_stime, 6)
             with contextlib.suppress(OSError):
                 send_control(self.control, {"type": "exited", "pid": pid, "cpu_seconds": cpu,
                                             "max_rss_kib": usage.ru_maxrss,
                                             **exit_status.to_control()})
+
+    def _kill_leftovers(self) -> None:
+        """SIGKILL and reap the template's children that are not live workers: descendants of
+        a dead worker that left its process group, re-parented here (the template is their
+        subreaper). Killing one re-parents its own children here too: repeat until none."""
+        if not self.subreaper:
+            return
+        for _ in range(64):
+            leftovers = [p for p in (live_children() or []) if p not in self.live]
+            if not leftovers:
+                return
+            for pid in leftovers:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            for pid in leftovers:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, 0)
 
     def shutdown(self) -> None:
         """SIGKILL every worker group, reap them all (the sidecar is gone or stopping)."""

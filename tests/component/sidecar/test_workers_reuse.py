@@ -289,6 +289,37 @@ async def test_a_daemon_that_left_the_process_group_still_refuses_reuse(
                 pass
 
 
+async def test_a_cancel_stops_a_daemon_that_left_the_process_group(
+        make_worker_client: Any, worker_template: Template) -> None:
+    """Invariant (work_stopped is the truth): a record that says its work stopped has no
+    descendant of the job left running, not even one outside the worker's process group."""
+    import os
+
+    c = await make_worker_client()
+    r = await c.post("/jobs", json=start_body("daemon-cancel", crew_id="daemon_then_block",
+                                              topic="TAG-daemon-cancel"),
+                     headers=headers("daemon-cancel", async_=True))
+    assert r.status == 202
+    worker = await until(lambda: worker_template.pid_of("TAG-daemon-cancel"), "the job to run")
+    daemon = await until(lambda: next((int(tag) for kind, pid, tag
+                                       in worker_template.effect_lines()
+                                       if kind == "daemon" and pid == worker), None),
+                         "the tool to start its daemon")
+    try:
+        assert alive(daemon) and os.getpgid(daemon) != os.getpgid(os.getpid())
+        r = await c.post(job_path("daemon-cancel", "/cancel"),
+                         json={"crew_id": "daemon_then_block", "action_id": "daemon-cancel"},
+                         headers=AUTH)
+        assert r.status == 200
+        record = await until(lambda: (rec := c.sidecar.runtime.journal.get("daemon-cancel"))
+                             and rec.terminal and rec, "the cancel")
+        assert record.status.value == "cancelled" and record.work_stopped, record
+        assert not alive(daemon), "the record says work_stopped while the daemon still runs"
+    finally:
+        if alive(daemon):
+            os.kill(daemon, 9)
+
+
 async def test_a_worker_over_the_resident_set_bound_is_not_reused(
         make_worker_client: Any, worker_template: Template) -> None:
     """``CREWFENCE_WORKER_MAX_RSS_MB`` bounds reuse: a worker at or over it after its job

@@ -17,6 +17,8 @@ O_APPEND by whatever process runs the job, so a test in another process can coun
 - ``leak_daemon``: a tool starts ``sleep 3600`` with ``setsid`` and a double fork (outside
   the worker's process group, its parent gone), then the job ends normally (its worker must
   not be reused; the daemon escapes the group's kill: the test kills it).
+- ``daemon_then_block``: a tool starts such a daemon, then blocks for an hour (a cancel must
+  stop the daemon too before the record says ``work_stopped``).
 """
 
 from __future__ import annotations
@@ -159,6 +161,13 @@ class LeakDaemonTool(BaseTool):
         return "left a daemon running"
 
 
+class DaemonThenBlockTool(LeakDaemonTool):
+    def _run(self, **kwargs: Any) -> str:
+        super()._run(**kwargs)
+        time.sleep(3600)
+        return "left a daemon running"
+
+
 class UseToolOnceLLM(BaseLLM):
     """Asks for the ``leak`` tool once, then gives its final answer."""
 
@@ -196,4 +205,5 @@ CREWS = {
     "leak_thread": lambda: _crew(UseToolOnceLLM(), tools=[LeakThreadTool()]),
     "leak_process": lambda: _crew(UseToolOnceLLM(), tools=[LeakProcessTool()]),
     "leak_daemon": lambda: _crew(UseToolOnceLLM(), tools=[LeakDaemonTool()]),
+    "daemon_then_block": lambda: _crew(UseToolOnceLLM(), tools=[DaemonThenBlockTool()]),
 }
