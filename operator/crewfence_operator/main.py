@@ -15,6 +15,7 @@ import kopf
 from crewfence_operator import certs, config, readiness
 from crewfence_operator import constants as c
 from crewfence_operator.handlers import audit, crew, resolution, webhook
+from crewfence_operator.handlers import crewcronjob  # CrewCronJob: one CrewJob per tick
 
 try:  # the CrewJob half (OPERATOR-CREWJOB) registers its handlers on import
     from crewfence_operator.handlers import crewjob
@@ -23,7 +24,7 @@ except ImportError as exc:  # pragma: no cover - only while that module does not
         raise
     crewjob = None  # type: ignore[assignment]
 
-__all__ = ["audit", "crew", "crewjob", "resolution", "webhook"]
+__all__ = ["audit", "crew", "crewcronjob", "crewjob", "resolution", "webhook"]
 
 if config.current().webhook.mode is not config.WebhookMode.OFF:
     webhook.register()
