@@ -14,8 +14,13 @@ import kopf
 
 from crewfence_operator import certs, config, readiness
 from crewfence_operator import constants as c
-from crewfence_operator.handlers import audit, crew, resolution, webhook
-from crewfence_operator.handlers import crewcronjob  # CrewCronJob: one CrewJob per tick
+from crewfence_operator.handlers import (
+    audit,
+    crew,
+    crewcronjob,  # CrewCronJob: one CrewJob per tick
+    resolution,
+    webhook,
+)
 
 try:  # the CrewJob half (OPERATOR-CREWJOB) registers its handlers on import
     from crewfence_operator.handlers import crewjob

@@ -7,8 +7,12 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Final
 
-from crewfence_operator.cronjob.schedule import Schedule, ScheduleError, parse_duration, \
-    parse_schedule
+from crewfence_operator.cronjob.schedule import (
+    Schedule,
+    ScheduleError,
+    parse_duration,
+    parse_schedule,
+)
 
 DEFAULT_CATCHUP_SECONDS: Final = 3600
 DEFAULT_SUCCESSFUL_HISTORY: Final = 3

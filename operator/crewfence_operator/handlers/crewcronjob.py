@@ -27,8 +27,8 @@ from typing import Any
 import kopf
 from kubernetes.client.exceptions import ApiException
 
-from crewfence_operator import kube, metrics
 from crewfence_operator import constants as c
+from crewfence_operator import kube, metrics
 from crewfence_operator.cronjob import children as ch
 from crewfence_operator.cronjob import status as st
 from crewfence_operator.cronjob.schedule import ScheduleError, from_rfc3339, to_rfc3339
@@ -162,7 +162,7 @@ async def reconcile(obj: Mapping[str, Any], now: float) -> float | None:
         patch = st.invalid_patch(exc.code, exc.message, status, generation, _now_text(now))
         if _changes(status, patch):
             await asyncio.to_thread(patch_status, namespace, name, patch)
-            kopf.warn(dict(obj), reason=exc.code, message=exc.message)
+            _warn(obj, reason=exc.code, message=exc.message)
         return None
     if int(status.get("observedGeneration") or 0) != generation:
         refused = await template_refusal(obj, now)
@@ -171,7 +171,7 @@ async def reconcile(obj: Mapping[str, Any], now: float) -> float | None:
                                      _now_text(now))
             if _changes(status, patch):
                 await asyncio.to_thread(patch_status, namespace, name, patch)
-                kopf.warn(dict(obj), reason="InvalidJobTemplate", message=refused)
+                _warn(obj, reason="InvalidJobTemplate", message=refused)
             return None
     observed = [ch.Child.from_object(o, uid)
                 for o in await asyncio.to_thread(list_children, namespace, name)]
@@ -217,7 +217,7 @@ async def carry_out(obj: Mapping[str, Any], plan: Plan, observed: list[ch.Child]
             except ApiException as exc:
                 if exc.status in (400, 422):  # the API server refused the jobTemplate
                     message = _api_message(exc)
-                    kopf.warn(dict(obj), reason="InvalidJobTemplate", message=message)
+                    _warn(obj, reason="InvalidJobTemplate", message=message)
                     patch = st.invalid_patch("InvalidJobTemplate", message, status, generation,
                                              _now_text(now))
                     await asyncio.to_thread(patch_status, namespace, name, patch)
@@ -240,13 +240,18 @@ def _observe(obj: Mapping[str, Any], plan: Plan, patch: Mapping[str, Any]) -> No
         metrics.observe_crewcronjob_ticks("skipped", reason.value)
     if plan.missed:
         metrics.observe_crewcronjob_ticks("missed", "OutsideCatchupWindow", plan.missed)
-        kopf.warn(dict(obj), reason="TicksMissed",
+        _warn(obj, reason="TicksMissed",
                   message=f"{plan.missed} tick(s) older than the catch-up window were not run "
                           f"(latest {patch.get('lastMissedTime')})")
     if plan.paused_by is not None and any(r is SkipReason.PAUSED for _, r in plan.skipped):
-        kopf.warn(dict(obj), reason="Paused",
+        _warn(obj, reason="Paused",
                   message=f"schedule paused: CrewJob {plan.paused_by} has an uncertain "
                           "outcome; resolve it to resume")
+
+
+def _warn(obj: Mapping[str, Any], reason: str, message: str) -> None:
+    """A Warning Event on the CrewCronJob (kopf posts it)."""
+    kopf.warn(dict(obj), reason=reason, message=message)  # type: ignore[arg-type]
 
 
 def _api_message(exc: ApiException) -> str:

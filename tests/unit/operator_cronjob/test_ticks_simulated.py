@@ -20,9 +20,8 @@ import random
 from dataclasses import dataclass, field, replace
 
 import pytest
-from crewfence_operator.cronjob.children import Child, action_id, child_name
-from crewfence_operator.cronjob.schedule import CronSchedule, IntervalSchedule, Schedule, \
-    parse_cron
+from crewfence_operator.cronjob.children import Child, child_name
+from crewfence_operator.cronjob.schedule import CronSchedule, IntervalSchedule, Schedule, parse_cron
 from crewfence_operator.cronjob.spec import ConcurrencyPolicy, CronSpec, OnUncertain
 from crewfence_operator.cronjob.ticks import (
     CancelChild,
