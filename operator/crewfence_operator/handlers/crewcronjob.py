@@ -185,7 +185,7 @@ async def template_refusal(obj: Mapping[str, Any], now: float) -> str | None:
     jobTemplate; its message when refused, None when accepted."""
     body = ch.child_manifest(obj, manual_at=int(now))
     try:
-        await asyncio.to_thread(create_child, body, True)
+        await asyncio.to_thread(create_child, body, True)  # False (409): the name exists
     except ApiException as exc:
         if exc.status in (400, 422):
             return _api_message(exc)
