@@ -121,10 +121,18 @@ def delete_child(namespace: str, name: str) -> None:
             raise
 
 
-def patch_status(namespace: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+def patch_status(namespace: str, name: str, patch: Mapping[str, Any],
+                 resource_version: str | None = None) -> tuple[dict[str, Any], str | None]:
+    """Merge-patch the status; with ``resource_version`` only if nobody wrote since (409
+    otherwise: another operator replica, or this one before a restart, decided meanwhile)."""
+    body: dict[str, Any] = {"status": dict(patch)}
+    if resource_version:
+        body["metadata"] = {"resourceVersion": resource_version}
     obj = kube.custom().patch_namespaced_custom_object_status(
-        c.GROUP, c.VERSION, namespace, ch.PLURAL, name, {"status": dict(patch)})
-    return dict((obj or {}).get("status") or {}) if isinstance(obj, Mapping) else {}
+        c.GROUP, c.VERSION, namespace, ch.PLURAL, name, body)
+    if not isinstance(obj, Mapping):
+        return {}, None
+    return dict(obj.get("status") or {}), (obj.get("metadata") or {}).get("resourceVersion")
 
 
 # --- one round ---------------------------------------------------------------------------------
@@ -176,7 +184,14 @@ async def reconcile(obj: Mapping[str, Any], now: float) -> float | None:
     observed = [ch.Child.from_object(o, uid)
                 for o in await asyncio.to_thread(list_children, namespace, name)]
     plan = decide(spec, facts_of(obj), observed, int(now))
-    status = await carry_out(obj, plan, observed, status, spec, now)
+    try:
+        await carry_out(obj, plan, observed, status, spec, now)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+        # The status changed since this round read it: decide again from the new one.
+        log.info("crewcronjob %s/%s: status written meanwhile; deciding again", namespace, name)
+        return now + 0.5
     return float(plan.next_schedule) if plan.next_schedule is not None else None
 
 
@@ -198,6 +213,10 @@ async def carry_out(obj: Mapping[str, Any], plan: Plan, observed: list[ch.Child]
     meta = obj["metadata"]
     namespace, name = str(meta["namespace"]), str(meta["name"])
     generation = int(meta.get("generation") or 1)
+    version: str | None = meta.get("resourceVersion")
+    """Every status write of this round is conditional on the status this round decided from
+    (and on its own writes since): a replica deciding from an older status cannot overwrite a
+    newer record (e.g. move lastScheduleTime back)."""
     last_record = max(i for i, s in enumerate(plan.steps) if isinstance(s, Record))
     for index, step in enumerate(plan.steps):
         if isinstance(step, Record) and index == last_record:
@@ -205,11 +224,12 @@ async def carry_out(obj: Mapping[str, Any], plan: Plan, observed: list[ch.Child]
                                    observed=observed, previous=status, generation=generation,
                                    now=_now_text(now), suspended=spec.suspend)
             if _changes(status, patch):
-                status = await asyncio.to_thread(patch_status, namespace, name, patch)
+                status, version = await asyncio.to_thread(patch_status, namespace, name,
+                                                           patch, version)
             _observe(obj, plan, patch)
         elif isinstance(step, Record):
-            status = await asyncio.to_thread(patch_status, namespace, name,
-                                             st.record_patch(step))
+            status, version = await asyncio.to_thread(patch_status, namespace, name,
+                                                      st.record_patch(step), version)
         elif isinstance(step, Create):
             body = ch.child_manifest(obj, tick=step.tick)
             try:

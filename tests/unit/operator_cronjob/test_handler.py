@@ -31,6 +31,7 @@ class Cluster:
         self.cronjob: dict[str, Any] = {
             "apiVersion": "crewfence.dev/v1alpha1", "kind": "CrewCronJob",
             "metadata": {"name": "r", "namespace": "n", "uid": "u", "generation": 1,
+                         "resourceVersion": "1",
                          "creationTimestamp": to_rfc3339(C)},
             "spec": {"interval": "60s", "jobTemplate": {"spec": {
                 "crewRef": {"name": "research"}, "operation": "run"}}}}
@@ -55,12 +56,17 @@ class Cluster:
         self.creates.append(name)
         return True
 
-    def patch_status(self, namespace: str, name: str, patch: Any) -> dict[str, Any]:
+    def patch_status(self, namespace: str, name: str, patch: Any,
+                     resource_version: str | None = None) -> tuple[dict[str, Any], str]:
+        meta = self.cronjob["metadata"]
+        if resource_version is not None and resource_version != meta["resourceVersion"]:
+            raise ApiException(status=409, reason="Conflict")
         if self.fail_status_writes:
             self.fail_status_writes -= 1
             raise ApiException(status=500, reason="lost")
         self.cronjob["status"] = merge(self.cronjob.get("status") or {}, dict(patch))
-        return dict(self.cronjob["status"])
+        meta["resourceVersion"] = str(int(meta["resourceVersion"]) + 1)
+        return dict(self.cronjob["status"]), meta["resourceVersion"]
 
 
 @pytest.fixture
@@ -125,3 +131,15 @@ async def test_an_invalid_schedule_is_a_condition(cluster: Cluster) -> None:
     assert await h.reconcile(copy.deepcopy(cluster.cronjob), C + 61) is None
     ready = {c["type"]: c for c in cluster.cronjob["status"]["conditions"]}["Ready"]
     assert ready["reason"] == "InvalidSchedule" and "61 * * * *" in ready["message"]
+
+
+async def test_a_round_decided_from_an_older_status_writes_nothing(cluster: Cluster) -> None:
+    stale = copy.deepcopy(cluster.cronjob)  # what a second replica read
+    await h.reconcile(copy.deepcopy(cluster.cronjob), C + 61)
+    cluster.crewjobs.clear()  # and the child was deleted by hand
+    written = copy.deepcopy(cluster.cronjob["status"])
+    again = await h.reconcile(stale, C + 62)
+    # the stale replica re-creates the tick's child (same name and action id: an exact
+    # repeat), but its status write is refused: lastScheduleTime never moves back
+    assert again == C + 62.5
+    assert cluster.cronjob["status"] == written

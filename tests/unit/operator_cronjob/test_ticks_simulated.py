@@ -3,6 +3,10 @@ restarts and rounds cut short after any step (a crash between a create and its s
 children that run for a while and end (some with an uncertain outcome a person resolves later)
 and children deleted by hand. Every concurrency policy, both onUncertain settings.
 
+Now and then a second operator replica decides from the same read and carries its steps out
+after the first (its status writes are conditional on the resourceVersion it read, as the
+handler's are).
+
 What must hold (``cronjob/ticks.py`` T1-T5):
 - zero duplicates: no tick's child is created twice, except the one window where a child was
   created, its status write was lost and a person deleted it before the next round (then the
@@ -81,17 +85,25 @@ class World:
     max_forbid_active: int = 0
     missed: set[int] = field(default_factory=set)
     skipped: set[int] = field(default_factory=set)
+    version: int = 0
+    """The status's resourceVersion: every Record is a write conditional on it."""
 
     def views(self, now: int) -> list[Child]:
         return [c.view(now) for c in self.children.values()]
 
-    def round(self, now: int, crash_after: int | None) -> None:
-        """One daemon round; ``crash_after`` cuts it after that many steps."""
-        if crash_after is None:
+    def snapshot(self, now: int) -> tuple[Facts, int, list[Child]]:
+        """What one round reads: the status (and its resourceVersion) and the children."""
+        return self.facts, self.version, self.views(now)
+
+    def round(self, now: int, crash_after: int | None,
+              snapshot: tuple[Facts, int, list[Child]] | None = None) -> None:
+        """One daemon round; ``crash_after`` cuts it after that many steps; ``snapshot`` is
+        an older read (a second replica that decided from the same status)."""
+        facts, expected, views = snapshot or self.snapshot(now)
+        if crash_after is None and snapshot is None:
             self.rounds.append(now)
-        views = self.views(now)
-        plan = decide(self.spec, self.facts, views, now)
-        handled = handled_until(self.facts, views, now)
+        plan = decide(self.spec, facts, views, now)
+        handled = handled_until(facts, views, now)
         missed, _ = self.spec.schedule.between(handled, now - self.spec.window_seconds - 1,
                                                10**6)
         assert len(missed) == plan.missed
@@ -99,12 +111,16 @@ class World:
             if crash_after is not None and index >= crash_after:
                 return
             if isinstance(step, Record):
+                if self.version != expected:  # the conditional status write answers 409
+                    return
                 last = step.last_schedule or 0
                 self.missed |= {t for t in missed if t <= last}
                 self.skipped |= {t for t, _ in plan.skipped if t <= last}
                 self.facts = replace(self.facts, last_schedule=step.last_schedule,
                                      buffered=step.buffered, missed=step.missed,
                                      skipped=step.skipped, last_missed=step.last_missed)
+                self.version += 1
+                expected = self.version
             elif isinstance(step, Create):
                 self.create(step.tick, now)
             elif isinstance(step, CancelChild):
@@ -113,18 +129,19 @@ class World:
                     self.children[tick].cancel_at = now
             elif isinstance(step, DeleteChild):
                 tick = int(step.name.rsplit("-", 1)[1])
-                view = self.children[tick].view(now)
-                assert not view.active and not view.needs_person, step
-                del self.children[tick]
+                if tick in self.children:
+                    view = self.children[tick].view(now)
+                    assert not view.active and not view.needs_person, step
+                    del self.children[tick]
 
     def create(self, tick: int, now: int) -> None:
+        if tick in self.children:  # the API server answers 409: nothing happens
+            return
         views = self.views(now)
         if self.spec.on_uncertain is OnUncertain.PAUSE:
             assert not any(v.needs_person for v in views), "ran a tick while paused"
         if self.spec.concurrency is ConcurrencyPolicy.REPLACE:
             assert all(v.cancel_requested for v in views if v.active), "Replace did not cancel"
-        if tick in self.children:  # the API server answers 409: nothing happens
-            return
         self.creates[tick] = self.creates.get(tick, 0) + 1
         if self.creates[tick] > 1:
             # T1's one exception: created, record lost, deleted by hand before the next round.
@@ -163,7 +180,12 @@ def simulate(spec: CronSpec, rng: random.Random, ticks: int) -> World:
             up = True
         if up:
             crash = rng.randint(0, 3) if rng.random() < 0.05 else None
-            world.round(now, crash)
+            if rng.random() < 0.05:  # a second replica decided from the same read
+                second = world.snapshot(now)
+                world.round(now, crash)
+                world.round(now, None, second)
+            else:
+                world.round(now, crash)
             if crash is not None:
                 up = False
             elif rng.random() < 0.01:
