@@ -181,7 +181,8 @@ def test_one_action_per_tick_through_operator_kills_and_a_deleted_child(
 
 def test_forbid_skips_ticks_while_a_slow_job_runs_and_trigger_runs_once(
         cluster: Cluster, ns: str, op: Operator) -> None:
-    manifest = cronjob("forbid", "[[sleep:12]] slow", interval="10s", concurrencyPolicy="Forbid")
+    # two tasks, each model call sleeps 7 s: a run outlasts the 10 s interval
+    manifest = cronjob("forbid", "[[sleep:7]] slow", interval="10s", concurrencyPolicy="Forbid")
     assert apply_obj(cluster, manifest, ns).returncode == 0
     first = wait_for(lambda: children_of(cluster, ns, "forbid"), timeout=30,
                      what="the first tick's CrewJob")

@@ -183,7 +183,8 @@ async def reconcile(obj: Mapping[str, Any], now: float) -> float | None:
             return None
     observed = [ch.Child.from_object(o, uid)
                 for o in await asyncio.to_thread(list_children, namespace, name)]
-    plan = decide(spec, facts_of(obj), observed, int(now))
+    # Pure but possibly long (counting the ticks of a long outage): off the event loop.
+    plan = await asyncio.to_thread(decide, spec, facts_of(obj), observed, int(now))
     try:
         await carry_out(obj, plan, observed, status, spec, now)
     except ApiException as exc:
