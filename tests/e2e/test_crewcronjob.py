@@ -7,9 +7,11 @@ or reported as a condition."""
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,6 +33,8 @@ from crewjob_support import (
     wait_for,
 )
 from harness.handles import Cluster, Operator, PodRunner
+
+REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.slow
 
@@ -108,6 +112,20 @@ def wait_clock(moment: float) -> None:
              what=f"the clock to pass {to_rfc3339(int(moment))}", interval=0.2)
 
 
+def argo_and_flux(obj: dict[str, Any]) -> tuple[str, str]:
+    """The chart's Lua (real Lua 5.1) and the documented Flux CEL over a live object."""
+    lupa = pytest.importorskip("lupa.lua51")
+    lua = lupa.LuaRuntime(unpack_returned_tuples=True)
+    lua.globals().obj = lua.table_from(obj, recursive=True)
+    hs = lua.execute((REPO / "charts/crewfence/files/argocd/crewcronjob-health.lua").read_text())
+    sys.path.insert(0, str(REPO / "tests" / "gitops"))
+    try:
+        from test_flux_health_exprs import flux_status
+    finally:
+        sys.path.remove(str(REPO / "tests" / "gitops"))
+    return str(hs["status"]), str(flux_status("CrewCronJob", obj))
+
+
 def phase(obj: dict[str, Any]) -> str | None:
     return (obj.get("status") or {}).get("phase")
 
@@ -153,6 +171,7 @@ def test_one_action_per_tick_through_operator_kills_and_a_deleted_child(
                     "-p", '{"spec": {"suspend": true}}', check=True)
     wait_for(lambda: cond(get_ccj(cluster, ns, "every"), "Suspended").get("status") == "True",
              timeout=30, what="Suspended=True")
+    assert argo_and_flux(get_ccj(cluster, ns, "every")) == ("Suspended", "Current")
     kids = children_of(cluster, ns, "every")
     assert expected[0] not in kids
     ticks = sorted(from_rfc3339(c["metadata"]["annotations"][ch.ANNOTATION_SCHEDULED])
@@ -247,6 +266,7 @@ def test_what_cel_cannot_decide_is_a_condition(cluster: Cluster, ns: str, op: Op
     obj = wait_for(lambda: (o := get_ccj(cluster, ns, name)) and cond(o, "Ready").get(
         "reason") == reason and o, timeout=30, what=f"Ready=False {reason}")
     assert cond(obj, "Ready")["status"] == "False" and cond(obj, "Stalled")["status"] == "True"
+    assert argo_and_flux(obj) == ("Degraded", "Failed")
     assert children_of(cluster, ns, name) == {}
     cluster.kubectl("delete", "crewcronjob", name, "-n", ns, "--wait=false")
 
@@ -268,6 +288,7 @@ def test_uncertain_outcome_pauses_until_resolved(cluster: Cluster, ns: str, op: 
     paused = wait_for(lambda: (o := get_ccj(cluster, ns, "pause")) and cond(o, "Paused").get(
         "status") == "True" and o, timeout=30, what="Paused=True")
     assert name in cond(paused, "Paused")["message"]
+    assert argo_and_flux(paused) == ("Degraded", "Failed")
     skipped = paused["status"].get("skippedTicks", 0)
     wait_for(lambda: get_ccj(cluster, ns, "pause")["status"].get("skippedTicks", 0) > skipped,
              timeout=30, what="a tick skipped while paused")
@@ -278,5 +299,7 @@ def test_uncertain_outcome_pauses_until_resolved(cluster: Cluster, ns: str, op: 
                     check=True)
     wait_for(lambda: len(children_of(cluster, ns, "pause")) >= 2, timeout=60,
              what="a new tick once the outcome was resolved")
-    assert cond(get_ccj(cluster, ns, "pause"), "Paused")["status"] == "False"
+    resumed = get_ccj(cluster, ns, "pause")
+    assert cond(resumed, "Paused")["status"] == "False"
+    assert argo_and_flux(resumed) == ("Healthy", "Current")
     cluster.kubectl("delete", "crewcronjob", "pause", "-n", ns, "--wait=false")
