@@ -303,3 +303,19 @@ def test_uncertain_outcome_pauses_until_resolved(cluster: Cluster, ns: str, op: 
     assert cond(resumed, "Paused")["status"] == "False"
     assert argo_and_flux(resumed) == ("Healthy", "Current")
     cluster.kubectl("delete", "crewcronjob", "pause", "-n", ns, "--wait=false")
+
+
+def test_the_example_is_accepted_and_scheduled_in_its_time_zone(
+        cluster: Cluster, ns: str, op: Operator) -> None:
+    from datetime import UTC, datetime
+    from zoneinfo import ZoneInfo
+
+    path = REPO / "examples" / "crewcronjob-report.yaml"
+    cluster.kubectl("apply", "-n", ns, "-f", str(path), check=True)
+    obj = wait_for(lambda: (o := get_ccj(cluster, ns, "report")) and cond(o, "Ready").get(
+        "status") == "True" and o, timeout=30, what="the example Ready")
+    nxt = datetime.fromtimestamp(from_rfc3339(obj["status"]["nextScheduleTime"]), UTC)
+    local = nxt.astimezone(ZoneInfo("Europe/Berlin"))
+    assert (local.hour, local.minute, local.weekday() < 5) == (7, 30, True)
+    assert argo_and_flux(obj) == ("Healthy", "Current")
+    cluster.kubectl("delete", "-n", ns, "-f", str(path), "--wait=false", check=True)

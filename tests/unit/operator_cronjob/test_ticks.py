@@ -120,3 +120,18 @@ def test_history_keeps_the_newest_and_only_owned_children() -> None:
                   Facts(created=C, last_schedule=C + 400), kids, C + 410)
     deleted = [s.name for s in plan.steps if isinstance(s, DeleteChild)]
     assert deleted == [child_name("r", C + 60 * i) for i in (1, 2, 3)]
+
+
+def test_reapplied_from_git_no_tick_of_the_old_object_runs_again() -> None:
+    # Deleted and re-applied: a new object (new uid, new creationTimestamp, no status). A
+    # child of the old object that survived (orphaned) is not this incarnation's, and its
+    # tick is before the new creation time anyway.
+    old = child(C + 60, "Succeeded", owned=False)
+    plan = decide(spec(), Facts(created=C + 100), [old], C + 130)
+    assert plan.creates == (C + 120,)
+    assert DeleteChild(old.name) not in plan.steps  # never deletes another incarnation's
+    # an old child still running counts for Forbid: the new object does not overlap it
+    running = child(C + 60, "Running", owned=False)
+    forbid = decide(spec(concurrency=ConcurrencyPolicy.FORBID), Facts(created=C + 100),
+                    [running], C + 130)
+    assert forbid.creates == () and forbid.skipped == ((C + 120, SkipReason.FORBID),)
