@@ -130,6 +130,18 @@ def observe_job_effects(namespace: str, crew: str, effects: EffectSummary) -> No
     COMPLETION_TOKENS.labels(**labels).inc(effects.completion_tokens)
 
 
+CREWCRONJOB_TICKS = Counter(
+    "crewfence_operator_crewcronjob_ticks_total",
+    "CrewCronJob ticks by outcome: run (a child created), skipped (by a policy: Forbid, "
+    "Replace, BufferOne, Suspended, Paused) or missed (older than the catch-up window).",
+    ["outcome", "reason"], registry=REGISTRY,
+)
+
+
+def observe_crewcronjob_ticks(outcome: str, reason: str, count: int = 1) -> None:
+    CREWCRONJOB_TICKS.labels(outcome=outcome, reason=reason).inc(count)
+
+
 def serve(port: int, addr: str = "0.0.0.0") -> None:  # noqa: S104 - scraped from outside the pod
     """Serve /metrics on a background thread (prometheus-client's own server)."""
     start_http_server(port, addr=addr, registry=REGISTRY)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from crewfence_operator import constants as c
+from crewfence_operator.cronjob.children import PLURAL as CREWCRONJOB_PLURAL
 
 PolicyRule = dict[str, Any]
 
@@ -38,6 +39,13 @@ OPERATOR_RULES: Final[list[PolicyRule]] = [
     {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
      "verbs": ["get", "list", "watch"]},
     {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]},
+    # CrewCronJob (handlers/crewcronjob.py): kopf watches and patches it, the daemon writes its
+    # status, creates its child CrewJobs, cancels (patch, above) and trims them (delete).
+    {"apiGroups": [c.GROUP], "resources": [CREWCRONJOB_PLURAL],
+     "verbs": ["get", "list", "watch", "patch", "update"]},
+    {"apiGroups": [c.GROUP], "resources": [f"{CREWCRONJOB_PLURAL}/status"],
+     "verbs": ["get", "patch", "update"]},
+    {"apiGroups": [c.GROUP], "resources": [c.CREWJOB_PLURAL], "verbs": ["create", "delete"]},
     # kopf peering (--peering NAME) for more than one operator replica.
     {"apiGroups": ["kopf.dev"], "resources": ["clusterkopfpeerings", "kopfpeerings"],
      "verbs": ["get", "list", "watch", "patch"]},

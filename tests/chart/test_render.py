@@ -263,6 +263,8 @@ def test_argocd_health_checks_are_opt_in(helm: Helm) -> None:
         "resource.customizations.health.crewfence.dev_Crew": (argo / "crew-health.lua")
         .read_text()
         .rstrip("\n"),
+        "resource.customizations.health.crewfence.dev_CrewCronJob": (
+            argo / "crewcronjob-health.lua").read_text().rstrip("\n"),
     }
     job = one(docs, "Job")
     assert "post-install" in job["metadata"]["annotations"]["helm.sh/hook"]

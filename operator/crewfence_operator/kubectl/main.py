@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 from typing import Protocol
 
-from crewfence_operator.kubectl import explain, rerun, resolve, uncertain
+from crewfence_operator.kubectl import explain, rerun, resolve, trigger, uncertain
 from crewfence_operator.kubectl.client import Kube, PluginError, connect, kubectl_flags
 
 
@@ -26,14 +26,15 @@ class Verb(Protocol):
     def run(self, args: argparse.Namespace, kube: Kube) -> int: ...
 
 
-VERBS: tuple[Verb, ...] = (uncertain, explain, resolve, rerun)
+VERBS: tuple[Verb, ...] = (uncertain, explain, resolve, rerun, trigger)
 
 
 def build_parser() -> argparse.ArgumentParser:
     common = kubectl_flags(top=False)
     parser = argparse.ArgumentParser(
         prog="kubectl crewfence", parents=[kubectl_flags(top=True)],
-        description="Find, explain, resolve and rerun CrewJobs whose outcome is uncertain.")
+        description="Find, explain, resolve and rerun CrewJobs whose outcome is uncertain; "
+                    "trigger a CrewCronJob.")
     sub = parser.add_subparsers(dest="command", required=True)
     for verb in VERBS:
         verb.add_arguments(sub.add_parser(verb.NAME, parents=[common], help=verb.HELP))

@@ -187,3 +187,36 @@ def test_explain_names_the_client_secret_first_when_it_may_read_neither() -> Non
     with pytest.raises(sidecar.EvidenceUnavailable) as info:
         sidecar.sidecar_access(_kube(secrets), CREW_OBJ, 0)
     assert "ns/research-crewfence-operator-client (403" in str(info.value)
+
+
+class _CronApi:
+    """CustomObjectsApi's two calls the trigger makes, in memory."""
+
+    def __init__(self) -> None:
+        self.created: list[dict[str, Any]] = []
+
+    def get_namespaced_custom_object(self, group: str, version: str, namespace: str,
+                                     plural: str, name: str) -> Any:
+        return {"apiVersion": "crewfence.dev/v1alpha1", "kind": "CrewCronJob",
+                "metadata": {"name": name, "namespace": namespace, "uid": "cj-uid"},
+                "spec": {"interval": "60s", "jobTemplate": {"spec": {
+                    "crewRef": {"name": "research"}, "operation": "run", "input": {}}}}}
+
+    def create_namespaced_custom_object(self, group: str, version: str, namespace: str,
+                                        plural: str, body: Any) -> Any:
+        self.created.append(body)
+        return body
+
+
+def test_the_trigger_verb_creates_one_manual_run(capsys: Any) -> None:
+    from crewfence_operator.kubectl import main as plugin_main
+    from crewfence_operator.kubectl import trigger as trigger_verb
+
+    assert trigger_verb in plugin_main.VERBS
+    args = plugin_main.build_parser().parse_args(["trigger", "nightly", "-n", "ns"])
+    api = _CronApi()
+    assert trigger_verb.run(args, Kube(api=api, core=None, namespace="ns")) == 0  # type: ignore[arg-type]
+    assert len(api.created) == 1
+    made = api.created[0]
+    assert made["spec"]["actionId"].startswith("ns/nightly/manual-")
+    assert "created in ns" in capsys.readouterr().out

@@ -1,0 +1,1 @@
+"""CrewCronJob: the schedule (pure), the tick decisions (pure), child naming and the trigger."""
