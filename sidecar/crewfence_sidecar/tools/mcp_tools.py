@@ -1,0 +1,179 @@
+"""MCP tools of a declarative crew, through crewai's own MCP client (``crewai.mcp``).
+
+A crew's ``tools.mcpServers`` entry is ``{name, url, transport, headersFile?,
+allowedTools?}``. Its tools are discovered (``tools/list``) when the crew is built and become
+:class:`LedgerMCPTool` objects, known to the agent as ``<server>/<tool>`` (crewai sanitises
+that to ``<server>_<tool>`` for the model).
+
+Invariants:
+
+- Every ``tools/call`` carries the call's idempotency key (the one journaled in its
+  ``tool_call_started``) in ``params._meta["crewfence.dev/idempotency-key"]`` and, on HTTP
+  transports, as the ``Idempotency-Key`` header. crewai's ``MCPNativeTool`` opens a fresh
+  client per call from a factory; our factory reads the key from the call's context (crewai
+  copies it into the thread that runs the call) and our client subclass passes it as
+  ``meta`` to ``ClientSession.call_tool``: the narrowest hooks crewai offers.
+- Header values (from ``headersFile``, re-read at every build so a rotated Secret is used by
+  the next job) are never logged or journaled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextvars
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from crewai.mcp.client import MCPClient
+from crewai.mcp.tool_resolver import MCPToolResolver
+from crewai.mcp.transports.http import HTTPTransport
+from crewai.mcp.transports.sse import SSETransport
+from crewai.tools import BaseTool
+from crewai.tools.mcp_native_tool import MCPNativeTool
+
+from crewfence_sidecar.contract import IDEMPOTENCY_KEY_HEADER, MCP_IDEMPOTENCY_META_KEY
+from crewfence_sidecar.tool_context import current_idempotency_key
+
+T = TypeVar("T")
+TRANSPORTS = ("streamable-http", "sse")
+DISCOVERY_TIMEOUT_SECONDS = 30.0
+
+
+class MCPToolError(ValueError):
+    """An MCP server that cannot be reached or lacks a tool the crew names."""
+
+
+@dataclass(frozen=True)
+class MCPServerDefinition:
+    name: str
+    url: str
+    transport: str = "streamable-http"
+    headers_file: str | None = None
+    allowed_tools: tuple[str, ...] | None = None
+    """None: every tool the server lists."""
+    extra_headers: dict[str, str] = field(default_factory=dict)
+
+    def headers(self) -> dict[str, str]:
+        """The configured headers (from ``headers_file``, read now)."""
+        headers = dict(self.extra_headers)
+        if self.headers_file is not None:
+            headers.update(read_headers_file(Path(self.headers_file)))
+        return headers
+
+
+def read_headers_file(path: Path) -> dict[str, str]:
+    """A YAML/JSON mapping of header name -> value; the message never shows values."""
+    try:
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise MCPToolError(f"cannot read headers file {path}: {exc.strerror}") from None
+    except yaml.YAMLError:
+        raise MCPToolError(f"headers file {path} is not a YAML/JSON mapping") from None
+    if not isinstance(loaded, dict) or not all(
+            isinstance(k, str) and isinstance(v, str | int) for k, v in loaded.items()):
+        raise MCPToolError(f"headers file {path} must map header names to strings")
+    return {k: str(v) for k, v in loaded.items()}
+
+
+class KeyedMCPClient(MCPClient):
+    """crewai's MCP client that puts the call's idempotency key in ``tools/call`` ``_meta``."""
+
+    def __init__(self, *args: Any, idempotency_key: str | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._crewfence_key = idempotency_key
+
+    async def _call_tool_impl(self, tool_name: str, arguments: dict[str, Any]) -> Any:
+        if self._crewfence_key is None:
+            return await super()._call_tool_impl(tool_name, arguments)
+        from crewai.mcp.client import _MCPToolResult
+        from crewai.mcp.content import content_blocks_to_text
+
+        result = await asyncio.wait_for(
+            self.session.call_tool(tool_name, arguments,
+                                   meta={MCP_IDEMPOTENCY_META_KEY: self._crewfence_key}),
+            timeout=self.execution_timeout)
+        is_error = bool(getattr(result, "isError", False))
+        if getattr(result, "content", None):
+            return _MCPToolResult(content_blocks_to_text(result.content), is_error)
+        return _MCPToolResult(str(result), is_error)
+
+
+def _transport(server: MCPServerDefinition, headers: dict[str, str]) -> Any:
+    if server.transport == "sse":
+        return SSETransport(url=server.url, headers=headers)
+    return HTTPTransport(url=server.url, headers=headers, streamable=True)
+
+
+def client_factory(server: MCPServerDefinition,
+                   headers: dict[str, str]) -> Callable[[], MCPClient]:
+    """A factory of one client per call, keyed with the current call's idempotency key."""
+
+    def make() -> MCPClient:
+        key = current_idempotency_key()
+        call_headers = dict(headers)
+        if key is not None:
+            call_headers[IDEMPOTENCY_KEY_HEADER] = key
+        return KeyedMCPClient(transport=_transport(server, call_headers), idempotency_key=key)
+
+    return make
+
+
+class LedgerMCPTool(MCPNativeTool):
+    """One MCP tool; ``crewfence_name`` (``server/tool``) and ``crewfence_server`` are what
+    the ledger journals."""
+
+    crewfence_name: str = ""
+    crewfence_server: str | None = None
+
+
+def _run_sync(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """Run a coroutine to completion on a fresh loop in a fresh thread (the caller may be on
+    a running loop already)."""
+    ctx = contextvars.copy_context()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(ctx.run, asyncio.run, make()).result(DISCOVERY_TIMEOUT_SECONDS)
+
+
+async def _list_tools(server: MCPServerDefinition, headers: dict[str, str]) -> list[dict[str, Any]]:
+    client = MCPClient(transport=_transport(server, headers))
+    await client.connect()
+    try:
+        listed: Awaitable[list[dict[str, Any]]] = client.list_tools()
+        return await listed
+    finally:
+        await client.disconnect()
+
+
+def build_mcp_tools(server: MCPServerDefinition) -> dict[str, BaseTool]:
+    """The server's (allowed) tools, by the name the agent knows (``server/tool``)."""
+    headers = server.headers()
+    try:
+        listed = _run_sync(lambda: _list_tools(server, headers))
+    except Exception as exc:  # crewai wraps connection failures in several classes
+        raise MCPToolError(f"MCP server {server.name!r}: tools/list failed "
+                           f"({type(exc).__name__})") from None
+    by_name = {str(t.get("name")): t for t in listed if t.get("name")}
+    wanted = list(server.allowed_tools) if server.allowed_tools is not None else list(by_name)
+    missing = [name for name in wanted if name not in by_name]
+    if missing:
+        raise MCPToolError(f"MCP server {server.name!r} does not offer tool(s) "
+                           f"{', '.join(missing)}; it offers {', '.join(sorted(by_name))}")
+    factory = client_factory(server, headers)
+    tools: dict[str, BaseTool] = {}
+    for name in wanted:
+        definition = by_name[name]
+        schema = None
+        if definition.get("inputSchema"):
+            schema = MCPToolResolver._json_schema_to_pydantic(name, definition["inputSchema"])
+        tool = LedgerMCPTool(
+            client_factory=factory, tool_name=name, server_name=server.name,
+            tool_schema={"description": definition.get("description") or f"{name} ({server.name})",
+                         "args_schema": schema})
+        tool.crewfence_name = f"{server.name}/{name}"
+        tool.crewfence_server = server.name
+        tools[tool.crewfence_name] = tool
+    return tools

@@ -1,0 +1,46 @@
+"""Python tools for the effect-ledger tests (importable as ``ledger_tools`` with tests/support
+on the path). Each appends one JSON line to ``$CREWFENCE_TEST_TOOL_LEDGER`` (a file outside
+the sidecar's state dir) with the idempotency key it saw, so a test can compare what ran with
+what the journal holds."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from crewai.tools import BaseTool
+
+from crewfence_sidecar.tool_context import current_idempotency_key
+
+
+def _record(tool: str, **fields: object) -> None:
+    target = os.environ.get("CREWFENCE_TEST_TOOL_LEDGER")
+    if not target:
+        return
+    line = json.dumps({"tool": tool, "key": current_idempotency_key(), "pid": os.getpid(),
+                       **fields})
+    with Path(target).open("a", encoding="utf-8") as out:
+        out.write(line + "\n")
+        out.flush()
+        os.fsync(out.fileno())
+
+
+def lookup(term: str) -> str:
+    """Look a term up in the offline glossary."""
+    _record("lookup", term=term)
+    return f"glossary: {term} is a term"
+
+
+def noop() -> str:
+    """Do nothing (the benchmark's tool)."""
+    return "ok"
+
+
+class ExplodingTool(BaseTool):
+    name: str = "explode"
+    description: str = "Always raises."
+
+    def _run(self, reason: str = "") -> str:
+        _record("explode", reason=reason)
+        raise LookupError("the tool failed on purpose")
