@@ -40,7 +40,6 @@ from crewfence_sidecar.tool_context import current_idempotency_key
 
 T = TypeVar("T")
 TRANSPORTS = ("streamable-http", "sse")
-DISCOVERY_TIMEOUT_SECONDS = 30.0
 
 
 class MCPToolError(ValueError):
@@ -129,13 +128,21 @@ class LedgerMCPTool(MCPNativeTool):
     crewfence_name: str = ""
     crewfence_server: str | None = None
 
+    def _run(self, **kwargs: Any) -> Any:
+        # crewai's own _run calls asyncio.run inside ``except RuntimeError`` (no running
+        # loop), so every error of the call chains to that RuntimeError and crewai 1.15's
+        # HTTP transport teardown re-raises it as the call's failure, even after the
+        # server answered. A fresh thread outside any handler keeps the chain clean; the
+        # context (the call's idempotency key) is copied into it.
+        return _run_sync(lambda: self._run_async(**kwargs))
+
 
 def _run_sync(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
     """Run a coroutine to completion on a fresh loop in a fresh thread (the caller may be on
     a running loop already)."""
     ctx = contextvars.copy_context()
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(ctx.run, asyncio.run, make()).result(DISCOVERY_TIMEOUT_SECONDS)
+        return pool.submit(ctx.run, asyncio.run, make()).result()
 
 
 async def _list_tools(server: MCPServerDefinition, headers: dict[str, str]) -> list[dict[str, Any]]:
