@@ -73,6 +73,7 @@ _CAMEL = {
     "maxRetryLimit": "max_retry_limit",
     "expectedOutput": "expected_output",
 }
+NO_TOOLS = ToolsDefinition()
 _CREW_KEYS = {"llm", "process", "agents", "tasks", "knowledge", "embedder", "tools"}
 _LLM_KEYS = {"model", "api_key_env", "api_key_file", "base_url", "temperature"}
 _AGENT_KEYS = {"role", "goal", "backstory", "allow_delegation", "max_iter", "max_retry_limit",
@@ -186,7 +187,7 @@ class CrewDefinition:
     tasks: tuple[TaskDefinition, ...]
     knowledge: tuple[KnowledgeDefinition, ...] = ()
     embedder: str | None = None
-    tools: ToolsDefinition = ToolsDefinition()
+    tools: ToolsDefinition = NO_TOOLS
 
     def knowledge_collection(self) -> str:
         """A collection per crew and knowledge content (crewai's default is one shared name)."""
@@ -270,7 +271,7 @@ def _parse_llm(crew_id: str, raw: object) -> LLMDefinition:
 
 
 def _parse_agents(crew_id: str, raw: object,
-                  tools: ToolsDefinition = ToolsDefinition()) -> tuple[AgentDefinition, ...]:
+                  tools: ToolsDefinition = NO_TOOLS) -> tuple[AgentDefinition, ...]:
     agents_raw = _mapping(crew_id, "agents", raw)
     if not agents_raw:
         raise DefinitionError(f"{_where(crew_id, 'agents')} must define at least one agent")

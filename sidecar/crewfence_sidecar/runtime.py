@@ -422,7 +422,7 @@ class Runtime:
             def run() -> None:
                 try:
                     done.set_result(self.record_effect(action_id, name, data, durable=durable))
-                except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+                except BaseException as exc:
                     done.set_exception(exc)
 
             try:

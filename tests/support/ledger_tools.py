@@ -10,7 +10,6 @@ import os
 from pathlib import Path
 
 from crewai.tools import BaseTool
-
 from crewfence_sidecar.tool_context import current_idempotency_key
 
 

@@ -104,7 +104,7 @@ class ToolBuilder:
 def _mapping(value: object, where: str, fail: Fail) -> dict[str, Any]:
     if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
         raise fail(f"{where} must be a mapping")
-    return {_CAMEL.get(k, k): v for k, v in value.items()}
+    return {_CAMEL.get(str(k), str(k)): v for k, v in value.items()}
 
 
 def _only(value: dict[str, Any], allowed: set[str], where: str, fail: Fail) -> None:

@@ -176,7 +176,7 @@ def build_mcp_tools(server: MCPServerDefinition) -> dict[str, BaseTool]:
         schema = None
         if definition.get("inputSchema"):
             schema = MCPToolResolver._json_schema_to_pydantic(name, definition["inputSchema"])
-        tool = LedgerMCPTool(
+        tool = LedgerMCPTool(  # type: ignore[call-arg]  # MCPNativeTool's own __init__
             client_factory=factory, tool_name=name, server_name=server.name,
             tool_schema={"description": definition.get("description") or f"{name} ({server.name})",
                          "args_schema": schema})

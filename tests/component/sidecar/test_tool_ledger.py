@@ -19,9 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sidecar_helpers import AUTH, SidecarProcess, free_port, headers, sidecar_env, wait_until
-
 from crewfence_sidecar.contract import EFFECT_EVENTS, summarize_effects
+from sidecar_helpers import AUTH, SidecarProcess, free_port, headers, sidecar_env, wait_until
 
 pytestmark = pytest.mark.timeout(300)
 SUPPORT = Path(__file__).resolve().parents[2] / "support"
