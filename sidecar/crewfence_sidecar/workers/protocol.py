@@ -14,8 +14,8 @@ Two kinds of channel:
   ``{ack, ok}`` once the journal committed it durably (``ok: true``) or could not
   (``ok: false``); the worker runs the tool only after ``ok: true``. A channel that ends
   without a ``result`` or ``error`` means the worker died. After its outcome a worker that
-  may take another job (worker reuse) waits for the sidecar's ``recorded`` (the outcome is journaled and answered), then sends
-  ``idle`` (with its CPU seconds so far) and waits for the next job frame; one that may not
+  may take another job (worker reuse) waits for the sidecar's ``recorded`` (the outcome is
+  journaled and answered), then sends ``idle`` (with its CPU seconds so far) and waits for the next job frame; one that may not
   sends ``retiring`` (with the reason) and exits. The job frame's ``max_jobs`` bounds the
   jobs per worker.
 """
