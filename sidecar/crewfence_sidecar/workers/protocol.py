@@ -15,9 +15,9 @@ Two kinds of channel:
   (``ok: false``); the worker runs the tool only after ``ok: true``. A channel that ends
   without a ``result`` or ``error`` means the worker died. After its outcome a worker that
   may take another job (worker reuse) waits for the sidecar's ``recorded`` (the outcome is
-  journaled and answered), then sends ``idle`` (with its CPU seconds so far) and waits for the next job frame; one that may not
-  sends ``retiring`` (with the reason) and exits. The job frame's ``max_jobs`` bounds the
-  jobs per worker.
+  journaled and answered), then sends ``idle`` (with its CPU seconds so far) and waits for
+  the next job frame; one that may not sends ``retiring`` (with the reason) and exits. The
+  job frame's ``max_jobs`` bounds the jobs per worker.
 """
 
 from __future__ import annotations
