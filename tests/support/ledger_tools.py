@@ -43,3 +43,26 @@ class ExplodingTool(BaseTool):
     def _run(self, reason: str = "") -> str:
         _record("explode", reason=reason)
         raise LookupError("the tool failed on purpose")
+
+
+def registry_desk() -> object:
+    """A registry (image) crew whose agent has a Python tool: the ledger covers it too."""
+    from crewai import Agent, Crew, Task
+    from crewai.tools import tool
+
+    from crewfence_sidecar.offline_llm import OfflineLLM
+
+    @tool("stamp")
+    def stamp(note: str) -> str:
+        """Stamp a note."""
+        _record("stamp", note=note)
+        return f"stamped {note}"
+
+    agent = Agent(role="Stamper", goal="Stamp notes", backstory="Stamps.", llm=OfflineLLM(),
+                  tools=[stamp], max_retry_limit=0)
+    task = Task(name="stamp-it", description="Stamp: {request}", expected_output="a stamp",
+                agent=agent)
+    return Crew(name="registry-desk", agents=[agent], tasks=[task])
+
+
+REGISTRY = {"registry-desk": registry_desk}
