@@ -13,6 +13,7 @@ import concurrent.futures
 import contextlib
 import logging
 import threading
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Container, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -409,28 +410,50 @@ class Runtime:
         return True
 
     def effect_recorder(self, action_id: str) -> Callable[[str, dict[str, Any], bool], bool]:
-        """``JobContext.record_effect`` of a job: :meth:`record_effect` from any thread (a
-        call off the loop's thread is run on the loop; a durable one waits for it)."""
+        """``JobContext.record_effect`` of a job: :meth:`record_effect` from any thread.
+
+        Off the loop's thread, best-effort events are queued and journaled by one loop
+        callback per batch (one wake-up of the loop, not one per event); a durable event is
+        journaled on the loop after every event queued before it (their order is kept) and
+        the calling thread waits for its verdict.
+        """
         loop = asyncio.get_running_loop()
         loop_thread = threading.get_ident()
+        queued: deque[tuple[str, dict[str, Any]]] = deque()
+        scheduled = threading.Event()  # set while a flush is pending on the loop
+
+        def flush() -> None:
+            scheduled.clear()
+            while queued:
+                name, data = queued.popleft()
+                self.record_effect(action_id, name, data, durable=False)
 
         def record(name: str, data: dict[str, Any], durable: bool) -> bool:
             if threading.get_ident() == loop_thread:
+                flush()
                 return self.record_effect(action_id, name, data, durable=durable)
+            if not durable:
+                queued.append((name, data))
+                if not scheduled.is_set():
+                    scheduled.set()
+                    try:
+                        loop.call_soon_threadsafe(flush)
+                    except RuntimeError:  # the loop is closed: nothing can be journaled
+                        return False
+                return True
             done: concurrent.futures.Future[bool] = concurrent.futures.Future()
 
             def run() -> None:
                 try:
-                    done.set_result(self.record_effect(action_id, name, data, durable=durable))
-                except BaseException as exc:
+                    flush()
+                    done.set_result(self.record_effect(action_id, name, data, durable=True))
+                except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
                     done.set_exception(exc)
 
             try:
                 loop.call_soon_threadsafe(run)
-            except RuntimeError:  # the loop is closed: nothing can be journaled
+            except RuntimeError:
                 return False
-            if not durable:
-                return True
             try:
                 return done.result(timeout=EFFECT_WAIT_SECONDS)
             except Exception:  # a timeout or a failure: not known to be journaled

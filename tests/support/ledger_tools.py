@@ -49,7 +49,6 @@ def registry_desk() -> object:
     """A registry (image) crew whose agent has a Python tool: the ledger covers it too."""
     from crewai import Agent, Crew, Task
     from crewai.tools import tool
-
     from crewfence_sidecar.offline_llm import OfflineLLM
 
     @tool("stamp")
