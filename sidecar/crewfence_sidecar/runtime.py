@@ -447,7 +447,7 @@ class Runtime:
                 try:
                     flush()
                     done.set_result(self.record_effect(action_id, name, data, durable=True))
-                except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+                except BaseException as exc:  # handed to the waiting thread
                     done.set_exception(exc)
 
             try:

@@ -6,7 +6,6 @@ import hashlib
 from typing import Any
 
 import rfc8785
-
 from crewfence_sidecar.contract import (
     JobEvent,
     arguments_sha256,
