@@ -20,7 +20,15 @@ from typing import Any
 
 import pytest
 from crewfence_sidecar.contract import EFFECT_EVENTS, summarize_effects
-from sidecar_helpers import AUTH, SidecarProcess, free_port, headers, sidecar_env, wait_until
+from sidecar_helpers import (
+    AUTH,
+    SidecarProcess,
+    free_port,
+    headers,
+    refused_start,
+    sidecar_env,
+    wait_until,
+)
 
 pytestmark = pytest.mark.timeout(300)
 SUPPORT = Path(__file__).resolve().parents[2] / "support"
@@ -248,3 +256,12 @@ def test_a_tool_that_raises_is_a_finished_call_with_its_error(desk: dict[str, An
     assert len(_lines(desk["tool_ledger"], tool="explode", reason="E-1")) == 1
     summary = summarize_effects(events)
     assert summary.tool_calls == 3 and summary.in_doubt == []
+
+
+def test_an_agent_naming_an_unknown_tool_stops_the_sidecar_at_start(
+        desk: dict[str, Any], mcp_server: tuple[str, Path]) -> None:
+    crews = desk["tmp"] / "bad-crews.yaml"
+    crews.write_text(_crews_yaml(mcp_server[0]).replace("tools: [tickets, lookup, explode]",
+                                                        "tools: [tickets, lookup, shredder]"))
+    line = refused_start(desk["tmp"], {**desk["env"], "CREWFENCE_CREWS_FILE": str(crews)})
+    assert "crew 'desk'" in line and "unknown tool 'shredder'" in line
