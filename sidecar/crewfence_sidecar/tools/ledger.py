@@ -145,8 +145,13 @@ def _note_errors(run: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+_CREWAI_ERROR_PREFIX = "Error executing tool"
+"""How crewai 1.15's native tool path words the result of a tool that raised."""
+
+
 def _tool_error(raw: Any, result: Any) -> str | None:
-    """The ``error`` of a finished call: the raised class, an MCP ``isError`` text, or None."""
+    """The ``error`` of a finished call: an MCP ``isError`` text (bounded), the class of the
+    exception the tool raised (noted by ``BaseTool.run``/``Tool.run``), or None."""
     raised = getattr(_errors, "name", None)
     _errors.name = None
     from crewai.tools.tool_failure import ToolFailure
@@ -154,10 +159,8 @@ def _tool_error(raw: Any, result: Any) -> str | None:
     if isinstance(raw, ToolFailure):
         return _bounded(str(raw.message or raw.reason), MAX_EFFECT_ERROR_CHARS)
     text = raw if isinstance(raw, str) else result if isinstance(result, str) else ""
-    if raised is not None and (text.startswith("Error executing tool") or "Error" in text[:200]):
-        return raised
-    if text.startswith("Error executing tool"):
-        return "ToolError"
+    if text.startswith(_CREWAI_ERROR_PREFIX):
+        return raised or "ToolError"
     return None
 
 
