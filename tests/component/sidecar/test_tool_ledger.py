@@ -165,6 +165,9 @@ def test_two_tool_calls_are_journaled_in_order_with_the_keys_the_server_saw(
     assert [r["meta_key"] for r in seen] == [s["idempotency_key"] for s in started]
     assert [r["header_key"] for r in seen] == [s["idempotency_key"] for s in started]
     assert all(e["data"]["at"].endswith("Z") for e in events if e["event"] in EFFECT_EVENTS)
+    # hashes only: no argument or result of a tool call is in the ledger's events
+    ledger_text = json.dumps([e for e in events if e["event"] in EFFECT_EVENTS])
+    assert "T2-a" not in ledger_text and "ticket created" not in ledger_text
     summary = summarize_effects(events)
     assert (summary.tool_calls, summary.tasks_completed, summary.tasks_total) == (2, 1, 1)
     assert summary.model_calls == 3 and summary.prompt_tokens > 0
