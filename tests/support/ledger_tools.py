@@ -64,4 +64,19 @@ def registry_desk() -> object:
     return Crew(name="registry-desk", agents=[agent], tasks=[task])
 
 
-REGISTRY = {"registry-desk": registry_desk}
+def registry_mcp_desk() -> object:
+    """A registry crew using crewai's own MCP DSL (``Agent(mcps=[MCPServerHTTP(...)])``) on
+    ``$CREWFENCE_TEST_MCP_URL``: its calls are journaled and carry the key in ``_meta``."""
+    from crewai import Agent, Crew, Task
+    from crewai.mcp import MCPServerHTTP
+    from crewfence_sidecar.offline_llm import OfflineLLM
+
+    url = os.environ.get("CREWFENCE_TEST_MCP_URL", "http://127.0.0.1:9/mcp")
+    agent = Agent(role="Filer", goal="File tickets", backstory="Files.", llm=OfflineLLM(),
+                  mcps=[MCPServerHTTP(url=url)], max_retry_limit=0)
+    task = Task(name="file-it", description="File: {request}", expected_output="a ticket",
+                agent=agent)
+    return Crew(name="registry-mcp", agents=[agent], tasks=[task])
+
+
+REGISTRY = {"registry-desk": registry_desk, "registry-mcp": registry_mcp_desk}

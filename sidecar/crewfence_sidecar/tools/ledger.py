@@ -385,8 +385,9 @@ _install_lock = threading.Lock()
 
 
 def install() -> None:
-    """Register the hooks with crewai (once per process; a forked worker inherits them) and
-    note the class of exceptions tools raise (``BaseTool.run``/``Tool.run``)."""
+    """Register the hooks with crewai (once per process; a forked worker inherits them), note
+    the class of exceptions tools raise (``BaseTool.run``/``Tool.run``) and send the call's
+    key in every MCP ``tools/call`` ``_meta`` (``mcp_tools.install_idempotency_meta``)."""
     global _installed
     with _install_lock:
         if _installed:
@@ -404,4 +405,7 @@ def install() -> None:
         for cls in (BaseTool, Tool):
             if not getattr(cls.run, "__crewfence_wrapped__", False):
                 cls.run = _note_errors(cls.run)  # type: ignore[method-assign]
+        from crewfence_sidecar.tools.mcp_tools import install_idempotency_meta
+
+        install_idempotency_meta()
         _installed = True

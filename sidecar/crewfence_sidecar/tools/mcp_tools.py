@@ -10,9 +10,12 @@ Invariants:
 - Every ``tools/call`` carries the call's idempotency key (the one journaled in its
   ``tool_call_started``) in ``params._meta["crewfence.dev/idempotency-key"]`` and, on HTTP
   transports, as the ``Idempotency-Key`` header. crewai's ``MCPNativeTool`` opens a fresh
-  client per call from a factory; our factory reads the key from the call's context (crewai
-  copies it into the thread that runs the call) and our client subclass passes it as
-  ``meta`` to ``ClientSession.call_tool``: the narrowest hooks crewai offers.
+  client per call from a factory; our factory reads the key from the call's context (copied
+  into the thread that runs the call) for the header, and :func:`install_idempotency_meta`
+  wraps crewai's ``MCPClient._call_tool_impl`` to pass it as ``meta`` to
+  ``ClientSession.call_tool``: the narrowest hooks crewai 1.15 offers. The ``_meta`` key
+  therefore reaches crewai's own MCP tools of registry crews too (not the header: their
+  transports are built by crewai from fixed headers).
 - Header values (from ``headersFile``, re-read at every build so a rotated Secret is used by
   the next job) are never logged or journaled.
 """
@@ -78,27 +81,33 @@ def read_headers_file(path: Path) -> dict[str, str]:
     return {k: str(v) for k, v in loaded.items()}
 
 
-class KeyedMCPClient(MCPClient):
-    """crewai's MCP client that puts the call's idempotency key in ``tools/call`` ``_meta``."""
+async def _call_tool_with_key(self: MCPClient, tool_name: str, arguments: dict[str, Any]) -> Any:
+    """crewai's ``MCPClient._call_tool_impl`` with the current call's idempotency key in the
+    ``tools/call`` request's ``_meta`` (unchanged outside a journaled call)."""
+    key = current_idempotency_key()
+    if key is None:
+        return await _ORIGINAL_CALL_TOOL_IMPL(self, tool_name, arguments)
+    from crewai.mcp.client import _MCPToolResult
+    from crewai.mcp.content import content_blocks_to_text
 
-    def __init__(self, *args: Any, idempotency_key: str | None = None, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._crewfence_key = idempotency_key
+    result = await asyncio.wait_for(
+        self.session.call_tool(tool_name, arguments, meta={MCP_IDEMPOTENCY_META_KEY: key}),
+        timeout=self.execution_timeout)
+    is_error = bool(getattr(result, "isError", False))
+    if getattr(result, "content", None):
+        return _MCPToolResult(content_blocks_to_text(result.content), is_error)
+    return _MCPToolResult(str(result), is_error)
 
-    async def _call_tool_impl(self, tool_name: str, arguments: dict[str, Any]) -> Any:
-        if self._crewfence_key is None:
-            return await super()._call_tool_impl(tool_name, arguments)
-        from crewai.mcp.client import _MCPToolResult
-        from crewai.mcp.content import content_blocks_to_text
 
-        result = await asyncio.wait_for(
-            self.session.call_tool(tool_name, arguments,
-                                   meta={MCP_IDEMPOTENCY_META_KEY: self._crewfence_key}),
-            timeout=self.execution_timeout)
-        is_error = bool(getattr(result, "isError", False))
-        if getattr(result, "content", None):
-            return _MCPToolResult(content_blocks_to_text(result.content), is_error)
-        return _MCPToolResult(str(result), is_error)
+_ORIGINAL_CALL_TOOL_IMPL = MCPClient._call_tool_impl
+
+
+def install_idempotency_meta() -> None:
+    """Every ``tools/call`` crewai's MCP client sends (ours and crewai's own MCP tools of
+    registry crews, ``Agent(mcps=[...])``) carries the current call's key in ``_meta``
+    (once per process; the ledger installs it with its hooks)."""
+    if MCPClient._call_tool_impl is not _call_tool_with_key:
+        MCPClient._call_tool_impl = _call_tool_with_key  # type: ignore[method-assign]
 
 
 def _transport(server: MCPServerDefinition, headers: dict[str, str]) -> Any:
@@ -116,7 +125,7 @@ def client_factory(server: MCPServerDefinition,
         call_headers = dict(headers)
         if key is not None:
             call_headers[IDEMPOTENCY_KEY_HEADER] = key
-        return KeyedMCPClient(transport=_transport(server, call_headers), idempotency_key=key)
+        return MCPClient(transport=_transport(server, call_headers))
 
     return make
 
