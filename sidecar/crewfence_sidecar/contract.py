@@ -73,13 +73,18 @@ class EventName(StrEnum):
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
-    # the effect ledger (issue 20): see summarize_effects
+    # --- the effect ledger (crewfence extension; clients ignore names they do not know) ---
     TASK_STARTED = "task_started"
     TASK_COMPLETED = "task_completed"
     MODEL_CALL = "model_call"
     TOOL_CALL_STARTED = "tool_call_started"
     TOOL_CALL_FINISHED = "tool_call_finished"
 
+
+EFFECT_EVENTS: Final = frozenset({EventName.TASK_STARTED, EventName.TASK_COMPLETED,
+                                  EventName.MODEL_CALL, EventName.TOOL_CALL_STARTED,
+                                  EventName.TOOL_CALL_FINISHED})
+"""Events a job's ledger appends between ``started`` and its terminal event."""
 
 TERMINAL_EVENTS: Final = frozenset({EventName.COMPLETED, EventName.FAILED, EventName.CANCELLED})
 TERMINAL_EVENT_FOR_STATUS: Final = {
@@ -844,20 +849,52 @@ def parse_resolution_request(body: object, path_action_id: str) -> ResolutionReq
                              evidence=links, resolved_by=resolved_by)
 
 
-# --- the effect ledger: what a record's events say about its tasks, model and tool calls -----
-MAX_IN_DOUBT_LISTED: Final = 10
+# --- the effect ledger (crewfence extension) -------------------------------------------------
+TOOL_IDEMPOTENCY_KEY_PREFIX: Final = "cfk1-"
+MCP_IDEMPOTENCY_META_KEY: Final = "crewfence.dev/idempotency-key"
+"""Where an MCP ``tools/call`` request carries the call's key in its ``_meta``."""
+MAX_EFFECT_PREVIEW_CHARS: Final = 200
+MAX_EFFECT_ERROR_CHARS: Final = 200
+MAX_STATUS_IN_DOUBT: Final = 10
 """``status.effects.inDoubt`` lists at most this many calls (``inDoubtCount`` has them all)."""
+MAX_IN_DOUBT_LISTED: Final = MAX_STATUS_IN_DOUBT
+
+
+def tool_idempotency_key(action_id: str, task_index: int, call_index: int) -> str:
+    """The stable key of one tool call: ``cfk1-`` + 40 hex chars of SHA-256 over the RFC 8785
+    JSON of ``{action_id, task_index, call_index}``.
+
+    Invariant: a replayed trajectory (same action, same task, same position of the call in
+    its task) gets the same key, so a tool that deduplicates on it runs the effect once.
+    """
+    material = rfc8785.dumps({"action_id": action_id, "task_index": task_index,
+                              "call_index": call_index})
+    return TOOL_IDEMPOTENCY_KEY_PREFIX + hashlib.sha256(material).hexdigest()[:40]
+
+
+def arguments_sha256(arguments: Any) -> str:
+    """Hex SHA-256 over the RFC 8785 JSON of tool arguments (``str()`` for what JSON lacks)."""
+    try:
+        material = rfc8785.dumps(arguments)
+    except (rfc8785.CanonicalizationError, ValueError, TypeError):
+        material = rfc8785.dumps(json.loads(json.dumps(arguments, default=str)))
+    return hashlib.sha256(material).hexdigest()
 
 
 @dataclass(frozen=True)
 class InDoubtCall:
-    """A ``tool_call_started`` with no ``tool_call_finished`` of the same idempotency key."""
+    """A ``tool_call_started`` with no ``tool_call_finished`` in a record that ended failed or
+    uncertain: the tool may or may not have had its effect."""
 
     tool: str
     server: str | None
     task: str | None
     started_at: str | None
     idempotency_key: str
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"tool": self.tool, "server": self.server, "task": self.task,
+                "started_at": self.started_at, "idempotency_key": self.idempotency_key}
 
     def to_status(self) -> dict[str, Any]:
         return {"tool": self.tool, "server": self.server, "task": self.task,
@@ -866,12 +903,13 @@ class InDoubtCall:
     def describe(self) -> str:
         short = self.tool.split("/", 1)[1] if self.server and "/" in self.tool else self.tool
         where = f" (server {self.server})" if self.server else " (python)"
-        return f"`{short}`{where}, task `{self.task}`, key {self.idempotency_key}"
+        task = f", task `{self.task}`" if self.task else ""
+        return f"`{short}`{where}{task}, key {self.idempotency_key}"
 
 
 @dataclass(frozen=True)
 class EffectSummary:
-    """Counts of a record's effect events, and the tool calls in doubt (pure)."""
+    """What a record's effect events say: counts, token use and the tool calls in doubt."""
 
     tasks_completed: int = 0
     tasks_total: int = 0
@@ -882,61 +920,72 @@ class EffectSummary:
     in_doubt: list[InDoubtCall] = field(default_factory=list)
 
     def to_status(self) -> dict[str, Any]:
-        """The CrewJob's ``status.effects``."""
+        """The CrewJob ``status.effects`` shape (at most MAX_STATUS_IN_DOUBT listed)."""
         return {"tasksCompleted": self.tasks_completed, "tasksTotal": self.tasks_total,
                 "modelCalls": self.model_calls, "toolCalls": self.tool_calls,
-                "inDoubt": [c.to_status() for c in self.in_doubt[:MAX_IN_DOUBT_LISTED]],
+                "inDoubt": [c.to_status() for c in self.in_doubt[:MAX_STATUS_IN_DOUBT]],
                 "inDoubtCount": len(self.in_doubt)}
 
+    def to_usage(self) -> dict[str, Any]:
+        """The CrewJob ``status.usage`` shape."""
+        return {"promptTokens": self.prompt_tokens, "completionTokens": self.completion_tokens,
+                "modelCalls": self.model_calls, "toolCalls": self.tool_calls}
+
     def in_doubt_message(self) -> str:
+        """One sentence naming the calls in doubt, or that none was in flight."""
         if not self.in_doubt:
             return "no tool call was in flight"
-        n = len(self.in_doubt)
-        listed = "; ".join(c.describe() for c in self.in_doubt[:MAX_IN_DOUBT_LISTED])
-        more = f"; and {n - MAX_IN_DOUBT_LISTED} more" if n > MAX_IN_DOUBT_LISTED else ""
-        return f"{n} tool call{'s' if n != 1 else ''} in doubt: {listed}{more}"
+        parts = [call.describe() for call in self.in_doubt[:MAX_STATUS_IN_DOUBT]]
+        more = len(self.in_doubt) - MAX_STATUS_IN_DOUBT
+        tail = f"; and {more} more" if more > 0 else ""
+        noun = "tool call" if len(self.in_doubt) == 1 else "tool calls"
+        return f"{len(self.in_doubt)} {noun} in doubt: " + "; ".join(parts) + tail
 
 
-def _int_or_zero(value: object) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+def _as_int(value: object) -> int:
+    return value if _is_int(value) else 0  # type: ignore[return-value]
 
 
-def summarize_effects(events: Iterable[JobEvent | Mapping[str, Any]]) -> EffectSummary:
-    """Summarize a record's events (in sequence order); unknown events are ignored.
+def summarize_effects(events: Iterable[JobEvent | dict[str, Any]]) -> EffectSummary:
+    """Summarize a record's events (from sequence 0, in order); pure.
 
-    A started tool call is in doubt until a ``tool_call_finished`` with its idempotency key
-    follows (an error result is a finished call, not a doubt).
+    A call is in doubt when its ``tool_call_started`` has no ``tool_call_finished`` with the
+    same ``idempotency_key`` and the record ended ``failed``/``cancelled`` or uncertain (or
+    has no terminal event yet: the reader may hold a prefix of a crashed record).
     """
-    tasks_total = model_calls = tool_calls = prompt = completion = 0
-    completed: set[object] = set()
+    tasks_completed = tasks_total = model_calls = tool_calls = 0
+    prompt_tokens = completion_tokens = 0
     open_calls: dict[str, InDoubtCall] = {}
+    ended_clean = False
     for raw in events:
-        name, data = ((raw.event, raw.data) if isinstance(raw, JobEvent)
-                      else (str(raw.get("event")), raw.get("data") or {}))
-        if not isinstance(data, Mapping):
-            continue
-        if name == EventName.TASK_STARTED:
-            tasks_total = max(tasks_total, _int_or_zero(data.get("total")))
-        elif name == EventName.TASK_COMPLETED:
-            completed.add(data.get("index", data.get("task")))
-            tasks_total = max(tasks_total, _int_or_zero(data.get("total")))
-        elif name == EventName.MODEL_CALL:
+        event = raw if isinstance(raw, JobEvent) else JobEvent.from_wire(raw)
+        data = event.data
+        if event.event == EventName.TASK_STARTED:
+            tasks_total = max(tasks_total, _as_int(data.get("total")))
+        elif event.event == EventName.TASK_COMPLETED:
+            tasks_completed += 1
+            tasks_total = max(tasks_total, _as_int(data.get("total")))
+        elif event.event == EventName.MODEL_CALL:
             model_calls += 1
-            prompt += _int_or_zero(data.get("prompt_tokens"))
-            completion += _int_or_zero(data.get("completion_tokens"))
-        elif name == EventName.TOOL_CALL_STARTED:
+            prompt_tokens += _as_int(data.get("prompt_tokens"))
+            completion_tokens += _as_int(data.get("completion_tokens"))
+        elif event.event == EventName.TOOL_CALL_STARTED:
             tool_calls += 1
-            key = str(data.get("idempotency_key") or f"call-{tool_calls}")
+            key = str(data.get("idempotency_key") or "")
             server = data.get("server")
             task = data.get("task")
-            at = data.get("at")
             open_calls[key] = InDoubtCall(
-                tool=str(data.get("tool") or "?"),
-                server=str(server) if server is not None else None,
-                task=str(task) if task is not None else None,
-                started_at=str(at) if at is not None else None, idempotency_key=key)
-        elif name == EventName.TOOL_CALL_FINISHED:
-            open_calls.pop(str(data.get("idempotency_key")), None)
-    return EffectSummary(tasks_completed=len(completed), tasks_total=tasks_total,
-                         model_calls=model_calls, tool_calls=tool_calls, prompt_tokens=prompt,
-                         completion_tokens=completion, in_doubt=list(open_calls.values()))
+                tool=str(data.get("tool") or ""), server=None if server is None else str(server),
+                task=None if task is None else str(task),
+                started_at=None if data.get("at") is None else str(data.get("at")),
+                idempotency_key=key)
+        elif event.event == EventName.TOOL_CALL_FINISHED:
+            open_calls.pop(str(data.get("idempotency_key") or ""), None)
+        elif event.event in TERMINAL_EVENTS:
+            ended_clean = (event.event == EventName.COMPLETED
+                           and not data.get("uncertain_outcome"))
+    in_doubt = [] if ended_clean else list(open_calls.values())
+    return EffectSummary(tasks_completed=tasks_completed, tasks_total=tasks_total,
+                         model_calls=model_calls, tool_calls=tool_calls,
+                         prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                         in_doubt=in_doubt)

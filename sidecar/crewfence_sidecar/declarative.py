@@ -21,6 +21,10 @@ A crews file (``CREWFENCE_CREWS_FILE``) has exactly this shape::
             max_iter: 5             # optional (maxIter)
             max_retry_limit: 0      # optional (maxRetryLimit)
             verbose: false          # optional
+            tools: [tickets/create_ticket, lookup]   # optional, names from `tools` below
+        tools:                      # optional, see crewfence_sidecar.tools.definitions
+          mcpServers: [{name: tickets, url: "http://tickets:8080/mcp"}]
+          python: [{name: lookup, ref: "my_tools:lookup"}]
         tasks:                      # list, at least one, names unique
           - name: research          # required
             agent: researcher       # required for sequential, optional for hierarchical
@@ -52,6 +56,11 @@ from crewai.knowledge.source.string_knowledge_source import StringKnowledgeSourc
 from crewfence_sidecar.knowledge_storage import threaded_storage
 from crewfence_sidecar.offline_embedder import EMBEDDER_NAME, resolve_embedder
 from crewfence_sidecar.offline_llm import MODEL_NAME, resolve_llm
+from crewfence_sidecar.tools.definitions import (
+    ToolsDefinition,
+    parse_agent_tools,
+    parse_tools,
+)
 
 MAX_CREW_ID_CHARS = 256
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -64,10 +73,11 @@ _CAMEL = {
     "maxRetryLimit": "max_retry_limit",
     "expectedOutput": "expected_output",
 }
-_CREW_KEYS = {"llm", "process", "agents", "tasks", "knowledge", "embedder"}
+NO_TOOLS = ToolsDefinition()
+_CREW_KEYS = {"llm", "process", "agents", "tasks", "knowledge", "embedder", "tools"}
 _LLM_KEYS = {"model", "api_key_env", "api_key_file", "base_url", "temperature"}
 _AGENT_KEYS = {"role", "goal", "backstory", "allow_delegation", "max_iter", "max_retry_limit",
-               "verbose"}
+               "verbose", "tools"}
 _TASK_KEYS = {"name", "agent", "description", "expected_output", "context"}
 _KNOWLEDGE_KEYS = {"name", "content", "text"}
 
@@ -150,6 +160,7 @@ class AgentDefinition:
     max_iter: int | None = None
     max_retry_limit: int | None = None
     verbose: bool = False
+    tools: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -176,6 +187,7 @@ class CrewDefinition:
     tasks: tuple[TaskDefinition, ...]
     knowledge: tuple[KnowledgeDefinition, ...] = ()
     embedder: str | None = None
+    tools: ToolsDefinition = NO_TOOLS
 
     def knowledge_collection(self) -> str:
         """A collection per crew and knowledge content (crewai's default is one shared name)."""
@@ -186,8 +198,11 @@ class CrewDefinition:
     def build(self) -> Crew:
         """A fresh crew: new LLM, agents, tasks and knowledge objects on every call."""
         agents: dict[str, Agent] = {}
+        tool_builder = self.tools.builder()
         for spec in self.agents:
             extra: dict[str, Any] = {}
+            if spec.tools:
+                extra["tools"] = tool_builder.for_agent(spec.tools)
             if spec.max_iter is not None:
                 extra["max_iter"] = spec.max_iter
             if spec.max_retry_limit is not None:
@@ -255,7 +270,8 @@ def _parse_llm(crew_id: str, raw: object) -> LLMDefinition:
                          temperature=None if temperature is None else float(temperature))
 
 
-def _parse_agents(crew_id: str, raw: object) -> tuple[AgentDefinition, ...]:
+def _parse_agents(crew_id: str, raw: object,
+                  tools: ToolsDefinition = NO_TOOLS) -> tuple[AgentDefinition, ...]:
     agents_raw = _mapping(crew_id, "agents", raw)
     if not agents_raw:
         raise DefinitionError(f"{_where(crew_id, 'agents')} must define at least one agent")
@@ -275,6 +291,8 @@ def _parse_agents(crew_id: str, raw: object) -> tuple[AgentDefinition, ...]:
             max_retry_limit=_optional(crew_id, f"{path}.max_retry_limit",
                                       agent.get("max_retry_limit"), int, None),
             verbose=_optional(crew_id, f"{path}.verbose", agent.get("verbose"), bool, False),
+            tools=parse_agent_tools(agent.get("tools"), tools, f"{path}.tools",
+                                    lambda message: DefinitionError(_where(crew_id, message))),
         ))
     return tuple(agents)
 
@@ -348,7 +366,9 @@ def parse_crew(crew_id: str, raw: object) -> CrewDefinition:
         raise DefinitionError(
             f"{_where(crew_id, 'process')} must be sequential or hierarchical"
         ) from None
-    agents = _parse_agents(crew_id, spec.get("agents"))
+    tools = parse_tools(spec.get("tools"),
+                        lambda message: DefinitionError(_where(crew_id, message)))
+    agents = _parse_agents(crew_id, spec.get("agents"), tools)
     tasks = _parse_tasks(crew_id, spec.get("tasks"), {a.name for a in agents}, process)
     knowledge = _parse_knowledge(crew_id, spec.get("knowledge"))
     embedder: str | None = None
@@ -365,7 +385,7 @@ def parse_crew(crew_id: str, raw: object) -> CrewDefinition:
         embedder = EMBEDDER_NAME
     return CrewDefinition(crew_id=crew_id, llm=_parse_llm(crew_id, spec.get("llm")),
                           process=process, agents=agents, tasks=tasks, knowledge=knowledge,
-                          embedder=embedder)
+                          embedder=embedder, tools=tools)
 
 
 def parse_crews_document(document: object, source: str = "crews file") -> dict[str, CrewDefinition]:

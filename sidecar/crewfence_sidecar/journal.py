@@ -439,8 +439,12 @@ class Journal:
         self._check_room(len(encoded))
         return encoded
 
-    def append_event(self, action_id: str, name: str, data: dict[str, Any]) -> JobEvent:
-        """Append one non-terminal event; raise JournalFull when the record has no room."""
+    def append_event(self, action_id: str, name: str, data: dict[str, Any], *,
+                     durable: bool = False) -> JobEvent:
+        """Append one non-terminal event; raise JournalFull when the record has no room.
+
+        ``durable=True`` (a ``tool_call_started``: the tool runs only after it) commits with a
+        synced WAL before returning; otherwise the next durable commit syncs it."""
         record = self.records[action_id]
         if self.room_for_events(action_id) <= 0:
             raise JournalFull("CREWFENCE_MAX_EVENTS_PER_RUN reached")
@@ -448,7 +452,7 @@ class Journal:
                                      too_large="event is over CREWFENCE_MAX_EVENT_BYTES")
         seq = record.event_count
         now = utc_now()
-        with self._tx(fsync=False) as conn:
+        with self._tx(fsync=durable) as conn:
             conn.execute("INSERT INTO events VALUES (?, ?, ?, ?)",
                          (action_id, seq, name, encoded))
             conn.execute("UPDATE records SET event_count = ?, updated_at = ? "

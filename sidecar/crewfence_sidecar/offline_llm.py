@@ -7,7 +7,15 @@ rehearsing cancellation and crash recovery:
 
 - ``[[sleep:N]]`` (N seconds, decimals allowed, at most one hour) waits before answering
   (``asyncio.sleep`` in ``acall``, ``time.sleep`` in ``call``);
-- ``[[fail]]`` raises :class:`OfflineLLMFailure`.
+- ``[[fail]]`` raises :class:`OfflineLLMFailure`;
+- ``[[tool:NAME {"json": "arguments"}]]`` (arguments optional, ``{}`` then) makes the agent
+  call its tool NAME with those arguments before it answers. NAME is the tool as the agent
+  knows it (``lookup``, ``tickets/create_ticket``; crewai's sanitised spelling
+  ``tickets_create_ticket`` works too). Several markers in one prompt are called in order,
+  each once: the answer is crewai's native tool call (the offline LLM supports function
+  calling) for the first marker whose call is not in the conversation yet (counted by its
+  ``tool`` messages), and the usual answer once all were called. Markers are read from the
+  first message that carries any, so a marker repeated by a system prompt is not called twice.
 
 crewai 1.15 calls the sync ``call`` from worker threads even under ``akickoff`` (and, to
 rewrite an agent's knowledge search query, on the event loop's own thread: the sidecar
@@ -49,7 +57,8 @@ MODEL_NAME = "crewfence/offline"
 MAX_SLEEP_SECONDS = 3600.0
 _SLEEP_RE = re.compile(r"\[\[sleep:(\d+(?:\.\d+)?)\]\]")
 _FAIL_MARKER = "[[fail]]"
-_ANY_MARKER_RE = re.compile(r"\[\[(?:sleep:[^\]]*|fail)\]\]")
+_TOOL_RE = re.compile(r"\[\[tool:([^\s\]]+)(?:\s+(\{.*?\}))?\s*\]\]", re.S)
+_ANY_MARKER_RE = re.compile(r"\[\[(?:sleep:[^\]]*|fail|tool:.*?)\]\]", re.S)
 _TASK_RE = re.compile(r"Current Task:\s*(.+?)(?:\n\s*\n|\nThis is the expected|$)", re.S)
 _EXCERPT_CHARS = 160
 _CHUNK_CHARS = 24
@@ -79,6 +88,71 @@ def _count_call() -> None:
         _count += 1
     for observer in list(_call_observers):
         observer()
+
+
+def _message_text(message: Any) -> str:
+    content: Any = message.get("content", "") if isinstance(message, Mapping) else message
+    if isinstance(content, list):
+        content = "\n".join(str(part.get("text", "")) for part in content
+                            if isinstance(part, Mapping))
+    return "" if content is None else str(content)
+
+
+def tool_markers(messages: str | list[LLMMessage]) -> list[tuple[str, dict[str, Any]]]:
+    """The ``[[tool:NAME {args}]]`` markers of the first message that has any, in order."""
+    import json
+
+    texts = [messages] if isinstance(messages, str) else [_message_text(m) for m in messages]
+    for text in texts:
+        found = _TOOL_RE.findall(text)
+        if found:
+            markers = []
+            for name, raw_args in found:
+                try:
+                    args = json.loads(raw_args) if raw_args else {}
+                except ValueError:
+                    args = {}
+                markers.append((name, args if isinstance(args, dict) else {}))
+            return markers
+    return []
+
+
+def calls_made(messages: str | list[LLMMessage]) -> int:
+    """Tool results already in the conversation (crewai's native ``tool`` messages)."""
+    if isinstance(messages, str):
+        return 0
+    return sum(1 for m in messages if isinstance(m, Mapping) and m.get("role") == "tool")
+
+
+def _tool_names(tools: list[dict[str, Any]]) -> list[str]:
+    names = []
+    for tool in tools:
+        function = tool.get("function") if isinstance(tool, Mapping) else None
+        name = function.get("name") if isinstance(function, Mapping) else tool.get("name")
+        if isinstance(name, str):
+            names.append(name)
+    return names
+
+
+def next_tool_call(messages: str | list[LLMMessage],
+                   tools: list[dict[str, Any]] | None) -> dict[str, Any] | None:
+    """The native tool call the markers ask for next, or None when all were called."""
+    if not tools:
+        return None
+    markers = tool_markers(messages)
+    done = calls_made(messages)
+    if done >= len(markers):
+        return None
+    import json
+
+    from crewai.utilities.string_utils import sanitize_tool_name
+
+    name, args = markers[done]
+    wanted = sanitize_tool_name(name)
+    known = {sanitize_tool_name(n): n for n in _tool_names(tools)}
+    digest = hashlib.sha256(f"{done}:{name}".encode()).hexdigest()[:12]
+    return {"id": f"call_{digest}", "type": "function",
+            "function": {"name": known.get(wanted, wanted), "arguments": json.dumps(args)}}
 
 
 class OfflineLLMFailure(RuntimeError):
@@ -258,11 +332,14 @@ class OfflineLLM(BaseLLM):
         from_task: Any,
         from_agent: Any,
         response_model: type[BaseModel] | None,
-    ) -> str | BaseModel:
+    ) -> str | BaseModel | list[dict[str, Any]]:
         if _FAIL_MARKER in prompt:
             error = "offline LLM: the prompt carries the [[fail]] marker"
             self._emit_call_failed_event(error=error, from_task=from_task, from_agent=from_agent)
             raise OfflineLLMFailure(error)
+        tool_call = next_tool_call(messages, tools)
+        if tool_call is not None and response_model is None:
+            return self._finish_with_tool_call(messages, prompt, tool_call, from_task, from_agent)
         answer = OfflineAnswer.for_prompt(prompt)
         result: str | BaseModel
         if response_model is not None:
@@ -305,6 +382,23 @@ class OfflineLLM(BaseLLM):
             response_id=answer.digest,
         )
         return result
+
+    def _finish_with_tool_call(self, messages: str | list[LLMMessage], prompt: str,
+                               tool_call: dict[str, Any], from_task: Any,
+                               from_agent: Any) -> list[dict[str, Any]]:
+        from crewai.events.types.llm_events import LLMCallType
+
+        text = str(tool_call["function"]["arguments"])
+        prompt_tokens = (len(prompt) + 3) // 4
+        completion_tokens = (len(text) + 3) // 4
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                 "total_tokens": prompt_tokens + completion_tokens, "successful_requests": 1}
+        self._track_token_usage_internal(usage)
+        self._emit_call_completed_event(
+            response=[tool_call], call_type=LLMCallType.TOOL_CALL, from_task=from_task,
+            from_agent=from_agent, messages=messages, usage=usage, finish_reason="tool_calls",
+            response_id=str(tool_call["id"]))
+        return [tool_call]
 
     @contextmanager
     def _failing_on_cancel(self, from_task: Any | None, from_agent: Any | None) -> Iterator[None]:

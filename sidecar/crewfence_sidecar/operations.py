@@ -58,6 +58,7 @@ from crewfence_sidecar.crews import CrewCatalog
 from crewfence_sidecar.offline_llm import bind_cancel_event, resolve_llm, unbind_cancel_event
 from crewfence_sidecar.private_loop import on_loop, run_on_private_loop
 from crewfence_sidecar.runtime import JobContext
+from crewfence_sidecar.tools import ledger
 
 T = TypeVar("T")
 EVENT_FLUSH_SECONDS = 30.0
@@ -442,11 +443,36 @@ _THREAD_WORK: dict[Operation, ThreadWork] = {
 
 
 async def execute(catalog: CrewCatalog, ctx: ExecutionContext) -> Any:
-    """Run ``ctx.operation`` on a fresh crew and return its JSON-serialisable output."""
-    operation = Operation(ctx.operation)
+    """Run ``ctx.operation`` on a fresh crew and return its JSON-serialisable output.
+
+    With ``ctx.record_effect`` the job's effect ledger is bound for the whole operation
+    (crewai's hooks report tasks, model calls and tool calls to it, see ``tools.ledger``);
+    a job one of whose tool starts could not be journaled raises
+    :class:`~crewfence_sidecar.tools.ledger.EffectNotJournaled` whatever crewai returned
+    (that tool did not run: the failure is certain).
+    """
     set_suppress_tracing_messages(True)  # crewai's "tracing is disabled" panels on stdout
     if ctx.crew_id not in catalog:
         raise ExecutionError(f"unknown crew {ctx.crew_id!r}")
+    if ctx.record_effect is None:
+        return await _execute(catalog, ctx)
+    job_ledger = ledger.JobLedger(ctx.action_id, ctx.record_effect)
+    try:
+        with ledger.bound(job_ledger):
+            output = await _execute(catalog, ctx)
+    except Exception:
+        if job_ledger.refused:
+            raise ledger.EffectNotJournaled("a tool call's start could not be journaled; "
+                                            "the tool did not run") from None
+        raise
+    if job_ledger.refused:
+        raise ledger.EffectNotJournaled("a tool call's start could not be journaled; the "
+                                        "tool did not run")
+    return output
+
+
+async def _execute(catalog: CrewCatalog, ctx: ExecutionContext) -> Any:
+    operation = Operation(ctx.operation)
     if operation is Operation.RUN:
         return await _cancel_aware(lambda cancelled: _run(catalog, ctx, cancelled))
     if operation is Operation.BATCH_RUN:

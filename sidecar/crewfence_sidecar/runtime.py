@@ -9,8 +9,11 @@ if a future change adds an ``await``: N concurrent identical admissions execute 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
+import threading
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Container, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -18,6 +21,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from crewfence_sidecar.contract import (
+    EFFECT_EVENTS,
     OPERATION_TRAITS,
     ContractError,
     DrainState,
@@ -70,6 +74,10 @@ class JobContext:
     answered: Callable[[], Awaitable[None]] | None = None
     """Returns once every blocking answer that waits for this job was written (bounded):
     a worker executor awaits it after ``on_output`` before the worker's after-job work."""
+    record_effect: Callable[[str, dict[str, Any], bool], bool] | None = None
+    """``record_effect(event, data, durable) -> journaled``: appends one effect-ledger event
+    (``contract.EFFECT_EVENTS``); with ``durable`` it returns only once the event is
+    committed durably. Callable from any thread (see ``Runtime.effect_recorder``)."""
 
 
 class Executor(Protocol):
@@ -122,6 +130,7 @@ class _Job:
     cancel_reason: str | None = None
     cancel_requested: bool = False
     dropped_chunks: int = 0
+    dropped_effects: int = 0
     stop: StopReport | None = None
     """Set when the job's worker process was stopped and reaped (work_stopped)."""
 
@@ -161,6 +170,8 @@ async def _until_woken(watches: dict[str, _Watch], action_id: str,
                 del watches[action_id]
 
 
+EFFECT_WAIT_SECONDS = 60.0
+"""How long a tool call waits for its durable start before it is refused (not run)."""
 ANSWER_WAIT_SECONDS = 1.0
 """How long a job's worker may wait for the blocking answers of its job to be written."""
 
@@ -287,7 +298,8 @@ class Runtime:
                          training_dir=self.settings.training_dir, emit_chunk=emit_chunk,
                          on_stopped=job.record_stop if job is not None else None,
                          on_output=lambda output: self._record_output(req.action_id, output),
-                         answered=lambda: self.answers_written(req.action_id))
+                         answered=lambda: self.answers_written(req.action_id),
+                         record_effect=self.effect_recorder(req.action_id))
         if req.operation is Operation.TRAIN:
             async with self._train_lock:
                 return await self.executor(ctx)
@@ -374,6 +386,82 @@ class Runtime:
         else:
             self._finish(action_id, Status.COMPLETED, output, None, uncertain=False)
 
+    def record_effect(self, action_id: str, name: str, data: dict[str, Any], *,
+                      durable: bool) -> bool:
+        """Append one effect-ledger event of a running job (on the loop's thread); False when
+        it was not journaled (unknown name, no running record, journal full, persist error).
+
+        Invariant (write-ahead tool calls): with ``durable`` True is returned only after the
+        journal committed the event with a synced WAL; the caller runs the tool only then.
+        """
+        record = self.journal.get(action_id)
+        job = self._jobs.get(action_id)
+        if name not in EFFECT_EVENTS or record is None or record.terminal:
+            return False
+        try:
+            self.journal.append_event(action_id, name, data, durable=durable)
+        except (JournalFull, PersistError, TypeError, ValueError) as exc:
+            if job is not None:
+                job.dropped_effects += 1
+            if durable:
+                log.warning("effect not journaled: %s", type(exc).__name__,
+                            extra={"action_id": action_id, "crew_id": record.crew_id})
+            return False
+        self._notify(action_id)
+        return True
+
+    def effect_recorder(self, action_id: str) -> Callable[[str, dict[str, Any], bool], bool]:
+        """``JobContext.record_effect`` of a job: :meth:`record_effect` from any thread.
+
+        Off the loop's thread, best-effort events are queued and journaled by one loop
+        callback per batch (one wake-up of the loop, not one per event); a durable event is
+        journaled on the loop after every event queued before it (their order is kept) and
+        the calling thread waits for its verdict.
+        """
+        loop = asyncio.get_running_loop()
+        loop_thread = threading.get_ident()
+        queued: deque[tuple[str, dict[str, Any]]] = deque()
+        scheduled = threading.Event()  # set while a flush is pending on the loop
+
+        def flush() -> None:
+            scheduled.clear()
+            while queued:
+                name, data = queued.popleft()
+                self.record_effect(action_id, name, data, durable=False)
+
+        def record(name: str, data: dict[str, Any], durable: bool) -> bool:
+            if threading.get_ident() == loop_thread:
+                flush()
+                return self.record_effect(action_id, name, data, durable=durable)
+            if not durable:
+                queued.append((name, data))
+                if not scheduled.is_set():
+                    scheduled.set()
+                    try:
+                        loop.call_soon_threadsafe(flush)
+                    except RuntimeError:  # the loop is closed: nothing can be journaled
+                        return False
+                return True
+            done: concurrent.futures.Future[bool] = concurrent.futures.Future()
+
+            def run() -> None:
+                try:
+                    flush()
+                    done.set_result(self.record_effect(action_id, name, data, durable=True))
+                except BaseException as exc:  # handed to the waiting thread
+                    done.set_exception(exc)
+
+            try:
+                loop.call_soon_threadsafe(run)
+            except RuntimeError:
+                return False
+            try:
+                return done.result(timeout=EFFECT_WAIT_SECONDS)
+            except Exception:  # a timeout or a failure: not known to be journaled
+                return False
+
+        return record
+
     def _append_chunk(self, action_id: str, data: dict[str, Any]) -> None:
         job = self._jobs.get(action_id)
         record = self.journal.get(action_id)
@@ -403,6 +491,8 @@ class Runtime:
                 event_data["stopped_at"] = error.get("stopped_at")
         if job is not None and job.dropped_chunks:
             event_data["dropped_chunks"] = job.dropped_chunks
+        if job is not None and job.dropped_effects:
+            event_data["dropped_effects"] = job.dropped_effects
         try:
             with self.metrics.persist_timer():
                 self.journal.finish(action_id, status, output=output, error=error,

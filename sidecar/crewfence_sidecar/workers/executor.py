@@ -304,12 +304,26 @@ class WorkerExecutor:
                 await ctx.emit_chunk(dict(message.get("data") or {}))
             elif kind == "llm_call":
                 count_offline_llm_call()
+            elif kind == "effect":
+                self._record_effect(handle, ctx, message)
             elif kind == "started":
                 progress.started = True
                 if handle.fork_ns and not handle.spare:  # a spare's start includes waiting
                     self.stats.start_ns.append(int(message["started_ns"]) - handle.fork_ns)
             elif kind in ("result", "error", "unserialisable"):
                 return message
+
+    @staticmethod
+    def _record_effect(handle: WorkerHandle, ctx: JobContext, message: dict[str, Any]) -> None:
+        """Journal one effect frame; a frame asking for an ``ack`` (a tool call's start, which
+        waits for it before the tool runs) is answered only after the journal committed it
+        durably (``ok: true``) or failed to (``ok: false``: the tool does not run)."""
+        durable = "ack" in message
+        data = message.get("data")
+        ok = (ctx.record_effect is not None and isinstance(data, dict)
+              and ctx.record_effect(str(message.get("event")), data, durable))
+        if durable:
+            handle.send({"type": "effect_ack", "ack": message["ack"], "ok": bool(ok)})
 
     @staticmethod
     def _conclude(outcome: dict[str, Any] | None, exit_status: ExitStatus,

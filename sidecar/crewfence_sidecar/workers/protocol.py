@@ -7,13 +7,17 @@ Two kinds of channel:
   ``SCM_RIGHTS``; the template answers ``ready``/``startup_error`` once, then ``forked``,
   ``fork_failed`` and ``exited`` (after it reaped a worker).
 - One job channel per worker (``AF_UNIX``/``SOCK_STREAM``): length-prefixed JSON frames. The
-  sidecar writes the job first; the worker answers ``started``, any number of ``chunk``
-  frames, then exactly one ``result`` or ``error``. A channel that ends without either means
-  the worker died. After its outcome a worker that may take another job (worker reuse)
-  waits for the sidecar's ``recorded`` (the outcome is journaled and answered), then sends
-  ``idle`` (with its CPU seconds so far) and waits for the next job frame; one that may not
-  sends ``retiring`` (with the reason) and exits. The job frame's ``max_jobs`` bounds the
-  jobs per worker.
+  sidecar writes the job first; the worker answers ``started``, any number of ``chunk``,
+  ``llm_call`` and ``effect`` frames (``{event, data}``: the job's effect ledger, see
+  ``tools.ledger``), then exactly one ``result`` or ``error``. An ``effect`` frame with an
+  ``ack`` number (a tool call's start) is answered by the sidecar with ``effect_ack``
+  ``{ack, ok}`` once the journal committed it durably (``ok: true``) or could not
+  (``ok: false``); the worker runs the tool only after ``ok: true``. A channel that ends
+  without a ``result`` or ``error`` means the worker died. After its outcome a worker that
+  may take another job (worker reuse) waits for the sidecar's ``recorded`` (the outcome is
+  journaled and answered), then sends ``idle`` (with its CPU seconds so far) and waits for
+  the next job frame; one that may not sends ``retiring`` (with the reason) and exits. The
+  job frame's ``max_jobs`` bounds the jobs per worker.
 """
 
 from __future__ import annotations

@@ -19,6 +19,10 @@ Runs in the child of the template's ``fork``. Invariants kept here:
   signalled and reaped.
 - One ``started`` frame per job; offline LLM calls are reported only while a job runs, so a
   job's ``llm_call`` frames are its own calls.
+- Write-ahead tool calls: a job's effect-ledger events go to the sidecar as ``effect``
+  frames; a tool call's start waits for the sidecar's ``effect_ack`` (sent after the journal
+  committed it durably) before the tool runs, and a refusal (``ok: false``) means the tool
+  never runs (see ``tools.ledger``).
 """
 
 from __future__ import annotations
@@ -55,10 +59,27 @@ class _Channel:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self._lock = threading.Lock()
+        self._ack_lock = threading.Lock()
+        self._acks = 0
 
     def send(self, message: dict[str, Any]) -> None:
         with self._lock:
             write_frame(self.sock, message)
+
+    def effect(self, event: str, data: dict[str, Any], durable: bool) -> bool:
+        """Send one effect-ledger event; a durable one waits for the sidecar's ``effect_ack``
+        (sent once the journal committed it) and returns its verdict. Only this method reads
+        the channel while a job runs, one durable event at a time."""
+        if not durable:
+            self.send({"type": "effect", "event": event, "data": data})
+            return True
+        with self._ack_lock:
+            self._acks += 1
+            ack = self._acks
+            self.send({"type": "effect", "event": event, "data": data, "ack": ack})
+            reply = read_frame(self.sock)
+        return (reply is not None and reply.get("type") == "effect_ack"
+                and reply.get("ack") == ack and reply.get("ok") is True)
 
     def send_outcome(self, outcome: dict[str, Any]) -> None:
         try:
@@ -78,7 +99,8 @@ async def _execute(catalog: Any, job: dict[str, Any], channel: _Channel,
 
     ctx = JobContext(crew_id=str(job["crew_id"]), action_id=str(job["action_id"]),
                      operation=str(job["operation"]), input=dict(job["input"]),
-                     training_dir=settings.training_path, emit_chunk=emit_chunk)
+                     training_dir=settings.training_path, emit_chunk=emit_chunk,
+                     record_effect=channel.effect)
     try:
         output = await operations.execute(catalog, ctx)
     except Exception as exc:  # the class only crosses over (messages can carry inputs)
@@ -136,6 +158,9 @@ def run(channel_fd: int, close_fds: list[int], catalog: Any, settings: TemplateS
             catalog = _prepare(catalog)
         channel = _Channel(sock)
         from crewfence_sidecar.offline_llm import observe_calls
+        from crewfence_sidecar.tools import ledger
+
+        ledger.sole_job_process()  # one job at a time: its ledger is the process's
 
         job_running = False
 

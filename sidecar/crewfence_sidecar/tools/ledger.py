@@ -1,0 +1,411 @@
+"""The effect ledger: crewai's execution hooks turned into journal events, write-ahead.
+
+Installed once per process (:func:`install`); a job binds its :class:`JobLedger` with
+:func:`bound` and the hooks report to it (no ledger bound: the hooks do nothing).
+
+| crewai hook (``crewai.hooks``)        | event                                        |
+|---------------------------------------|----------------------------------------------|
+| ``pre_step`` (kind task)              | ``task_started``                             |
+| ``post_step`` (kind task)             | ``task_completed``                           |
+| ``pre_model_call`` .. its end         | ``model_call`` (end: ``post_model_call``, the |
+|                                       | task's next tool call or model call, the end |
+|                                       | of its task or of the job)                   |
+| ``pre_tool_call``                     | ``tool_call_started`` (durable, acknowledged) |
+| ``post_tool_call``                    | ``tool_call_finished``                       |
+
+Invariants:
+
+- Write-ahead: a tool runs only after its ``tool_call_started`` was committed durably by the
+  journal's one writer (the sink returns True only then). When it cannot be (journal full,
+  persist failure, channel gone), the hook aborts the call (``HookAborted``: crewai does not
+  run the tool), the ledger is ``refused``, every later model or tool call of the job is
+  aborted too, and the job fails certain (:class:`EffectNotJournaled`).
+- The call's idempotency key (``contract.tool_idempotency_key``) is bound in
+  ``tool_context`` while the tool runs, from the same numbers the event carries.
+- A tool that raises is a finished call with ``error`` set (class name), never a call in
+  doubt; an MCP ``isError`` answer too (its text, bounded).
+- Events carry hashes and bounded previews only (``MAX_EFFECT_PREVIEW_CHARS``), never
+  arguments or results themselves: the journal's per-event bound always holds.
+- Hooks run synchronously in the thread that runs the model or tool call (crewai copies
+  contexts into its threads), so the events of one task arrive in the order they happened.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import hashlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from crewfence_sidecar.contract import (
+    MAX_EFFECT_ERROR_CHARS,
+    MAX_EFFECT_PREVIEW_CHARS,
+    EventName,
+    arguments_sha256,
+    tool_idempotency_key,
+)
+from crewfence_sidecar.tool_context import reset_idempotency_key, set_idempotency_key
+
+EffectSink = Callable[[str, dict[str, Any], bool], bool]
+"""``sink(event, data, durable) -> journaled``. ``durable=True`` must return only once the
+event is committed durably (False when it could not be); callable from any thread."""
+
+
+class EffectNotJournaled(RuntimeError):
+    """A tool call's start could not be journaled: the tool did not run, the job fails."""
+
+
+def utc_at() -> str:
+    """RFC 3339 UTC with milliseconds (the ``at`` of every effect event)."""
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _bounded(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit]
+
+
+@dataclass
+class _ModelCall:
+    started: float
+    model: str
+    task: str | None
+    llm: Any
+    tokens: tuple[int | None, int | None]
+
+
+@dataclass
+class _ToolCall:
+    tool: str
+    server: str | None
+    task: str | None
+    task_index: int
+    call_index: int
+    key: str
+    started: float
+    token: contextvars.Token[str | None] | None
+    refused: bool = False
+
+
+def _tokens(llm: Any) -> tuple[int | None, int | None]:
+    usage = getattr(llm, "_token_usage", None)
+    if not isinstance(usage, dict):
+        return None, None
+    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    return (prompt if isinstance(prompt, int) else None,
+            completion if isinstance(completion, int) else None)
+
+
+def _task_place(task: Any, crew: Any) -> tuple[str | None, int, int]:
+    """(name, index, total) of ``task`` in its crew (``task-<index>`` when it has no name)."""
+    if task is None:
+        return None, 0, 0
+    if crew is None:
+        crew = getattr(getattr(task, "agent", None), "crew", None)
+    tasks = list(getattr(crew, "tasks", None) or [])
+    index = next((i for i, t in enumerate(tasks) if t is task), 0)
+    name = getattr(task, "name", None) or f"task-{index}"
+    return str(name), index, len(tasks) or 1
+
+
+def _tool_identity(ctx: Any) -> tuple[str, str | None]:
+    """(name as the agent knows it, MCP server or None) of a hook context's tool."""
+    structured = getattr(ctx, "tool", None)
+    original = getattr(structured, "_original_tool", None) or structured
+    name = getattr(original, "crewfence_name", None) or getattr(ctx, "tool_name", "") or ""
+    server = getattr(original, "crewfence_server", None)
+    if server is None:
+        server = getattr(original, "server_name", None)  # crewai's own MCP tools
+    return str(name), (str(server) if server else None)
+
+
+_errors = threading.local()
+"""The class name of the exception the current thread's last tool raised."""
+
+
+def _note_errors(run: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(run)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return run(self, *args, **kwargs)
+        except Exception as exc:
+            _errors.name = type(exc).__name__
+            raise
+
+    wrapper.__crewfence_wrapped__ = True  # type: ignore[attr-defined]
+    return wrapper
+
+
+_CREWAI_ERROR_PREFIX = "Error executing tool"
+"""How crewai 1.15's native tool path words the result of a tool that raised."""
+
+
+def _tool_error(raw: Any, result: Any) -> str | None:
+    """The ``error`` of a finished call: an MCP ``isError`` text (bounded), the class of the
+    exception the tool raised (noted by ``BaseTool.run``/``Tool.run``), or None."""
+    raised = getattr(_errors, "name", None)
+    _errors.name = None
+    from crewai.tools.tool_failure import ToolFailure
+
+    if isinstance(raw, ToolFailure):
+        return _bounded(str(raw.message or raw.reason), MAX_EFFECT_ERROR_CHARS)
+    text = raw if isinstance(raw, str) else result if isinstance(result, str) else ""
+    if text.startswith(_CREWAI_ERROR_PREFIX):
+        return raised or "ToolError"
+    return None
+
+
+@dataclass
+class JobLedger:
+    """The effect events of one job, sent to the journal's writer through ``sink``."""
+
+    action_id: str
+    sink: EffectSink
+    refused: bool = False
+    dropped: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _model_index: int = 0
+    _next_call: dict[int, int] = field(default_factory=dict)
+    _models: dict[int, _ModelCall] = field(default_factory=dict)
+    _tools: threading.local = field(default_factory=threading.local)
+
+    def _send(self, event: EventName, data: dict[str, Any], durable: bool = False) -> bool:
+        data["at"] = utc_at()
+        try:
+            ok = self.sink(event.value, data, durable)
+        except Exception:  # a sink that broke is a sink that did not journal
+            ok = False
+        if not ok and not durable:
+            self.dropped += 1
+        return ok
+
+    # --- tasks ------------------------------------------------------------------------------
+    def task_started(self, task: Any, agent: Any) -> None:
+        name, index, total = _task_place(task, None)
+        self._send(EventName.TASK_STARTED, {"task": name, "index": index, "total": total,
+                                            "agent": getattr(agent, "role", None)})
+
+    def task_completed(self, task: Any, output: Any) -> None:
+        self._end_models(task)
+        name, index, total = _task_place(task, None)
+        raw = str(getattr(output, "raw", "") if output is not None else "")
+        self._send(EventName.TASK_COMPLETED, {
+            "task": name, "index": index, "total": total, "output_sha256": _sha256_text(raw),
+            "output_preview": _bounded(raw, MAX_EFFECT_PREVIEW_CHARS)})
+
+    # --- model calls --------------------------------------------------------------------------
+    def model_started(self, ctx: Any) -> None:
+        if self.refused:
+            from crewai.hooks.dispatch import HookAborted
+
+            raise HookAborted("crewfence: a tool call's start could not be journaled; the job "
+                              "stops", source="crewfence-ledger")
+        task = getattr(ctx, "task", None)
+        self._end_models(task)
+        llm = getattr(ctx, "llm", None)
+        name, _, _ = _task_place(task, getattr(ctx, "crew", None))
+        with self._lock:
+            self._models[id(task)] = _ModelCall(
+                started=time.perf_counter(), model=str(getattr(llm, "model", None) or ""),
+                task=name, llm=llm, tokens=_tokens(llm))
+
+    def _end_models(self, task: Any) -> None:
+        with self._lock:
+            call = self._models.pop(id(task), None)
+            if call is None:
+                return
+            index = self._model_index
+            self._model_index += 1
+        self._emit_model(call, index)
+
+    def _emit_model(self, call: _ModelCall, index: int) -> None:
+        after = _tokens(call.llm)
+        prompt = (after[0] - call.tokens[0]
+                  if after[0] is not None and call.tokens[0] is not None else None)
+        completion = (after[1] - call.tokens[1]
+                      if after[1] is not None and call.tokens[1] is not None else None)
+        self._send(EventName.MODEL_CALL, {
+            "model": call.model, "call_index": index, "task": call.task,
+            "prompt_tokens": prompt, "completion_tokens": completion,
+            "duration_ms": round((time.perf_counter() - call.started) * 1000, 3)})
+
+    def model_finished(self, ctx: Any) -> None:
+        self._end_models(getattr(ctx, "task", None))
+
+    def close(self) -> None:
+        """End the job: model calls still open (one that raised) are journaled now."""
+        with self._lock:
+            pending = list(self._models.values())
+            self._models.clear()
+            first = self._model_index
+            self._model_index += len(pending)
+        for offset, call in enumerate(pending):
+            self._emit_model(call, first + offset)
+
+    # --- tool calls ----------------------------------------------------------------------------
+    def _stack(self) -> list[_ToolCall]:
+        stack: list[_ToolCall] | None = getattr(self._tools, "stack", None)
+        if stack is None:
+            stack = self._tools.stack = []
+        return stack
+
+    def tool_started(self, ctx: Any) -> None:
+        from crewai.hooks.dispatch import HookAborted
+
+        task = getattr(ctx, "task", None)
+        self._end_models(task)
+        tool, server = _tool_identity(ctx)
+        name, task_index, _ = _task_place(task, getattr(ctx, "crew", None))
+        with self._lock:
+            call_index = self._next_call.get(task_index, 0)
+            self._next_call[task_index] = call_index + 1
+        key = tool_idempotency_key(self.action_id, task_index, call_index)
+        call = _ToolCall(tool=tool, server=server, task=name, task_index=task_index,
+                         call_index=call_index, key=key, started=time.perf_counter(),
+                         token=None)
+        if self.refused or not self._send(EventName.TOOL_CALL_STARTED, {
+                "tool": tool, "server": server, "task": name, "task_index": task_index,
+                "call_index": call_index,
+                "arguments_sha256": arguments_sha256(dict(getattr(ctx, "tool_input", {}) or {})),
+                "idempotency_key": key}, durable=True):
+            self.refused = True
+            call.refused = True
+            self._stack().append(call)
+            raise HookAborted("crewfence: the tool call's start could not be journaled",
+                              source="crewfence-ledger")
+        _errors.name = None
+        call.token = set_idempotency_key(key)
+        self._stack().append(call)
+
+    def tool_finished(self, ctx: Any) -> None:
+        stack = self._stack()
+        if not stack:
+            return
+        call = stack.pop()
+        if call.token is not None:
+            reset_idempotency_key(call.token)
+        if call.refused:
+            return  # the tool did not run: nothing finished
+        result = getattr(ctx, "tool_result", None)
+        raw = getattr(ctx, "raw_tool_result", None)
+        error = _tool_error(raw, result)
+        text = raw if isinstance(raw, str) else "" if raw is None else str(raw)
+        self._send(EventName.TOOL_CALL_FINISHED, {
+            "tool": call.tool, "server": call.server, "task": call.task,
+            "task_index": call.task_index, "call_index": call.call_index,
+            "idempotency_key": call.key,
+            "result_sha256": None if error is not None else _sha256_text(text),
+            "error": error,
+            "duration_ms": round((time.perf_counter() - call.started) * 1000, 3)})
+
+
+# --- binding and hooks ------------------------------------------------------------------------
+_CURRENT: contextvars.ContextVar[JobLedger | None] = contextvars.ContextVar(
+    "crewfence_job_ledger", default=None)
+_sole: JobLedger | None = None
+_sole_job_process = False
+
+
+def sole_job_process() -> None:
+    """This process runs one job at a time (a worker): threads crewai starts without copying
+    the context still find the job's ledger."""
+    global _sole_job_process
+    _sole_job_process = True
+
+
+def current() -> JobLedger | None:
+    return _CURRENT.get() or _sole
+
+
+@contextlib.contextmanager
+def bound(ledger: JobLedger) -> Iterator[JobLedger]:
+    """``ledger`` receives the hooks' reports of this context (and this process, in a
+    worker) for the block; open model calls are journaled when it ends."""
+    global _sole
+    install()
+    token = _CURRENT.set(ledger)
+    if _sole_job_process:
+        _sole = ledger
+    try:
+        yield ledger
+    finally:
+        ledger.close()
+        _CURRENT.reset(token)
+        if _sole is ledger:
+            _sole = None
+
+
+def _on_pre_step(ctx: Any) -> None:
+    ledger = current()
+    if ledger is not None and getattr(ctx, "kind", None) == "task":
+        ledger.task_started(ctx.task, ctx.agent)
+
+
+def _on_post_step(ctx: Any) -> None:
+    ledger = current()
+    if ledger is not None and getattr(ctx, "kind", None) == "task":
+        ledger.task_completed(ctx.task, getattr(ctx, "output", None))
+
+
+def _on_pre_model(ctx: Any) -> None:
+    ledger = current()
+    if ledger is not None:
+        ledger.model_started(ctx)
+
+
+def _on_post_model(ctx: Any) -> None:
+    ledger = current()
+    if ledger is not None:
+        ledger.model_finished(ctx)
+
+
+def _on_pre_tool(ctx: Any) -> None:
+    ledger = current()
+    if ledger is not None:
+        ledger.tool_started(ctx)
+
+
+def _on_post_tool(ctx: Any) -> None:
+    ledger = current()
+    if ledger is not None:
+        ledger.tool_finished(ctx)
+
+
+_installed = False
+_install_lock = threading.Lock()
+
+
+def install() -> None:
+    """Register the hooks with crewai (once per process; a forked worker inherits them), note
+    the class of exceptions tools raise (``BaseTool.run``/``Tool.run``) and send the call's
+    key in every MCP ``tools/call`` ``_meta`` (``mcp_tools.install_idempotency_meta``)."""
+    global _installed
+    with _install_lock:
+        if _installed:
+            return
+        from crewai.hooks.dispatch import InterceptionPoint, register
+        from crewai.tools.base_tool import BaseTool, Tool
+
+        for point, hook in ((InterceptionPoint.PRE_STEP, _on_pre_step),
+                            (InterceptionPoint.POST_STEP, _on_post_step),
+                            (InterceptionPoint.PRE_MODEL_CALL, _on_pre_model),
+                            (InterceptionPoint.POST_MODEL_CALL, _on_post_model),
+                            (InterceptionPoint.PRE_TOOL_CALL, _on_pre_tool),
+                            (InterceptionPoint.POST_TOOL_CALL, _on_post_tool)):
+            register(point, hook)
+        for cls in (BaseTool, Tool):
+            if not getattr(cls.run, "__crewfence_wrapped__", False):
+                cls.run = _note_errors(cls.run)  # type: ignore[method-assign]
+        from crewfence_sidecar.tools.mcp_tools import install_idempotency_meta
+
+        install_idempotency_meta()
+        _installed = True
