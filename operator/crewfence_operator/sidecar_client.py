@@ -294,13 +294,18 @@ class SidecarClient:
         return _from_object(payload, contract.DrainState.from_wire, what="drain answer",
                             status=status, uncertain=True)
 
-    async def archive_older_than(self, seconds: int) -> contract.BulkArchiveResult:
-        """``POST /admin/archive``: archive every terminal record older than ``seconds``."""
+    async def archive_older_than(self, seconds: int, *, recorded_only: bool = False,
+                                 ) -> contract.BulkArchiveResult:
+        """``POST /admin/archive``: archive every terminal record older than ``seconds``
+        (``recorded_only``: only those whose outcome a client marked recorded)."""
         headers = {contract.ARCHIVE_CONFIRMATION_HEADER:
                    contract.bulk_archive_confirmation(seconds)}
+        body: dict[str, Any] = {"older_than_seconds": seconds}
+        if recorded_only:
+            body["recorded_only"] = True
         status, payload, _ = await self._call(
             "POST", self.endpoint.url(contract.BULK_ARCHIVE_PATH), limit=MAX_RECORD_BYTES,
-            invocation=True, body={"older_than_seconds": seconds}, headers=headers)
+            invocation=True, body=body, headers=headers)
         return _from_object(payload, contract.BulkArchiveResult.from_wire,
                             what="archive answer", status=status, uncertain=True)
 
@@ -367,6 +372,13 @@ class SidecarClient:
             "POST", self.endpoint.job_url(action_id, "/cancel"), limit=MAX_RECORD_BYTES,
             invocation=True, body=body, ok=(200, 202))
         return self._record(payload, status, invocation=True)
+
+    async def mark_recorded(self, crew_id: str, action_id: str) -> None:
+        """``POST /jobs/{id}/recorded``: this finished job's outcome is in its CrewJob's status
+        now (idempotent; an archived job answers 410, which is fine too)."""
+        await self._call("POST", self.endpoint.job_url(action_id, contract.RECORDED_SUFFIX),
+                         limit=MAX_RECORD_BYTES, invocation=False,
+                         body={"crew_id": crew_id, "action_id": action_id}, ok=(200, 410))
 
     async def resolve(self, request: contract.ResolutionRequest) -> JobEvent:
         """``POST /jobs/{id}/resolution``: the journaled ``resolution`` event (201 new, 200 an

@@ -524,9 +524,12 @@ def parse_bulk_archive_request(body: object, confirmation: str | None) -> int:
 
     400 for a bad body or a confirmation naming another age, 428 without a confirmation.
     """
-    if not isinstance(body, dict) or set(body) != {"older_than_seconds"}:
+    if not isinstance(body, dict) or "older_than_seconds" not in body \
+            or not set(body) <= {"older_than_seconds", "recorded_only"} \
+            or not isinstance(body.get("recorded_only", False), bool):
         raise ContractError(400, "invalid_request",
-                            'the body must be {"older_than_seconds": <integer >= 0>}')
+                            'the body must be {"older_than_seconds": <integer >= 0>, '
+                            '"recorded_only": <bool, optional>}')
     seconds = body["older_than_seconds"]
     if not _is_int(seconds) or not 0 <= seconds <= MAX_ARCHIVE_AGE_SECONDS:
         raise ContractError(400, "invalid_request",
@@ -539,6 +542,24 @@ def parse_bulk_archive_request(body: object, confirmation: str | None) -> int:
         raise ContractError(400, "archive_confirmation_mismatch",
                             f"{ARCHIVE_CONFIRMATION_HEADER} does not confirm this age")
     return int(seconds)
+
+
+UNRECORDED_GRACE_SECONDS: Final = 24 * 3600
+"""``recorded_only`` retention still archives a record nobody marked recorded once it is this
+much older than the window (no operator reads it: it must not stay forever)."""
+RECORDED_SUFFIX: Final = "/recorded"
+
+
+def parse_recorded_request(body: object, path_action_id: str) -> tuple[str, str]:
+    """``POST /jobs/{id}/recorded``: ``{crew_id, action_id}``; returns both (400 otherwise)."""
+    body = _body_object(body, {"crew_id", "action_id"})
+    if "crew_id" not in body or "action_id" not in body:
+        raise ContractError(400, "invalid_request", "crew_id and action_id are required")
+    crew_id = validate_id("crew_id", body["crew_id"])
+    action_id = validate_id("action_id", body["action_id"])
+    if action_id != path_action_id:
+        raise ContractError(400, "invalid_request", "action_id does not match the path")
+    return crew_id, action_id
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from crewfence_sidecar.contract import (
     MAX_BODY_BYTES,
     PREFER_ASYNC,
     PREFER_HEADER,
+    RECORDED_SUFFIX,
     SCHEMA_VERSION,
     TOMBSTONES_PATH,
     BulkArchiveResult,
@@ -44,6 +45,7 @@ from crewfence_sidecar.contract import (
     parse_bulk_archive_request,
     parse_cancel_request,
     parse_drain_request,
+    parse_recorded_request,
     parse_resolution_request,
     parse_start_request,
     parse_tombstone_import,
@@ -370,6 +372,21 @@ async def cancel_job(request: web.Request) -> web.StreamResponse:
     return _json(200, record.to_wire(), _record_headers(request, record=record))
 
 
+async def mark_recorded(request: web.Request) -> web.StreamResponse:
+    """``POST /jobs/{id}/recorded``: the client wrote this finished job's outcome where it
+    keeps it; recorded-only retention may archive the record from now on."""
+    crew_id, action_id = parse_recorded_request(await _read_json(request),
+                                                request.match_info["action_id"])
+    try:
+        record, at = _runtime(request).mark_recorded(crew_id, action_id)
+    except Gone as g:
+        return _gone(g)
+    except JournalUnavailable as exc:
+        return _unavailable(exc)
+    return _json(200, {"action_id": action_id, "recorded_at": at},
+                 _record_headers(request, record=record))
+
+
 async def resolve_job(request: web.Request) -> web.StreamResponse:
     """Journal a person's resolution of a finished job: 201 when journaled now, 200 when an
     identical resolution was journaled before (idempotent), 409 for a different one."""
@@ -418,10 +435,11 @@ async def set_draining(request: web.Request) -> web.StreamResponse:
 
 async def archive_older_than(request: web.Request) -> web.StreamResponse:
     """``POST /admin/archive``: archive every terminal record older than N seconds."""
-    seconds = parse_bulk_archive_request(await _read_json(request),
-                                         request.headers.get(ARCHIVE_CONFIRMATION_HEADER))
+    body = await _read_json(request)
+    seconds = parse_bulk_archive_request(body, request.headers.get(ARCHIVE_CONFIRMATION_HEADER))
+    recorded_only = bool(body.get("recorded_only", False))  # checked by the parse
     try:
-        stones = _runtime(request).archive_older_than(seconds)
+        stones = _runtime(request).archive_older_than(seconds, recorded_only=recorded_only)
     except JournalUnavailable as exc:
         return _unavailable(exc)
     result = BulkArchiveResult(archived=tuple(s.action_id for s in stones))
@@ -529,6 +547,7 @@ def build_app(runtime: Runtime, settings: ApiSettings) -> web.Application:
     r.add_get("/jobs/{action_id}/events", job_events)
     r.add_post("/jobs/{action_id}/cancel", cancel_job)
     r.add_post("/jobs/{action_id}/resolution", resolve_job)
+    r.add_post("/jobs/{action_id}" + RECORDED_SUFFIX, mark_recorded)
     r.add_post(DRAIN_PATH, set_draining)
     r.add_post(BULK_ARCHIVE_PATH, archive_older_than)
     r.add_get(TOMBSTONES_PATH, list_tombstones)

@@ -69,11 +69,26 @@ CREATE TABLE IF NOT EXISTS tombstones (
     uncertain_outcome INTEGER NOT NULL,
     archived_at TEXT NOT NULL
 );
+-- Terminal records whose outcome a client (the operator) has recorded elsewhere (its
+-- CrewJob's status): recorded_only retention archives only these (and very old others).
+CREATE TABLE IF NOT EXISTS recorded (
+    action_id TEXT PRIMARY KEY,
+    recorded_at TEXT NOT NULL
+) WITHOUT ROWID;
 -- Bulk archive (POST /admin/archive) finds terminal records by age with this index alone.
 CREATE INDEX IF NOT EXISTS records_terminal_by_age ON records (updated_at)
     WHERE status != 'running';
 """
 DRAINING_META_KEY: Final = "draining"
+_ARCHIVE_BY_AGE: Final = (
+    "SELECT action_id, crew_id, operation, request_hash, status, uncertain_outcome "
+    "FROM records INDEXED BY records_terminal_by_age "
+    "WHERE status != 'running' AND updated_at <= ? ORDER BY updated_at")
+_ARCHIVE_RECORDED_BY_AGE: Final = (
+    "SELECT action_id, crew_id, operation, request_hash, status, uncertain_outcome "
+    "FROM records INDEXED BY records_terminal_by_age "
+    "WHERE status != 'running' AND updated_at <= ? AND (updated_at <= ? OR EXISTS "
+    "(SELECT 1 FROM recorded m WHERE m.action_id = records.action_id)) ORDER BY updated_at")
 
 
 class JournalError(Exception):
@@ -518,6 +533,7 @@ class Journal:
                           uncertain_outcome=record.uncertain_outcome)
         with self._tx() as conn:
             conn.execute("DELETE FROM events WHERE action_id = ?", (action_id,))
+            conn.execute("DELETE FROM recorded WHERE action_id = ?", (action_id,))
             conn.execute("DELETE FROM records WHERE action_id = ?", (action_id,))
             conn.execute("INSERT INTO tombstones VALUES (?, ?, ?, ?, ?, ?, ?)",
                          (stone.action_id, stone.crew_id, stone.operation, stone.request_hash,
@@ -526,26 +542,33 @@ class Journal:
         self._unloaded.discard(action_id)
         return stone
 
-    def archive_older_than(self, cutoff: str) -> list[Tombstone]:
+    def archive_older_than(self, cutoff: str,
+                           unrecorded_cutoff: str | None = None) -> list[Tombstone]:
         """Archive every terminal record with ``updated_at <= cutoff`` (one transaction).
+
+        With ``unrecorded_cutoff`` (``recorded_only`` retention), a record is archived only
+        when it was marked recorded (:meth:`mark_recorded`) or is older than that cutoff too.
+        Invariant (retention never races the operator): a record whose outcome the operator
+        has not written into its CrewJob yet keeps its output.
 
         Each archived record leaves the same tombstone as :meth:`archive`. The records are
         found through the partial index ``records_terminal_by_age``: the cost follows the
         number archived, not the number retained.
         """
         archived_at = utc_now()
+        args: tuple[str, ...] = (cutoff,)
+        query = _ARCHIVE_BY_AGE
+        if unrecorded_cutoff is not None:
+            query, args = _ARCHIVE_RECORDED_BY_AGE, (cutoff, unrecorded_cutoff)
         with self._tx() as conn:
-            rows = conn.execute(
-                "SELECT action_id, crew_id, operation, request_hash, status, uncertain_outcome "
-                "FROM records INDEXED BY records_terminal_by_age "
-                "WHERE status != 'running' AND updated_at <= ? ORDER BY updated_at",
-                (cutoff,)).fetchall()
+            rows = conn.execute(query, args).fetchall()
             stones = [Tombstone(action_id=r[0], crew_id=r[1], operation=r[2],
                                 request_hash=r[3], status=_STATUS[r[4]],
                                 archived_at=archived_at, uncertain_outcome=bool(r[5]))
                       for r in rows]
             for stone in stones:
                 conn.execute("DELETE FROM events WHERE action_id = ?", (stone.action_id,))
+                conn.execute("DELETE FROM recorded WHERE action_id = ?", (stone.action_id,))
                 conn.execute("DELETE FROM records WHERE action_id = ?", (stone.action_id,))
                 conn.execute("INSERT INTO tombstones VALUES (?, ?, ?, ?, ?, ?, ?)",
                              (stone.action_id, stone.crew_id, stone.operation,
@@ -588,6 +611,21 @@ class Journal:
                                   int(stone.uncertain_outcome), stone.archived_at))
         return TombstoneImportResult(imported=len(imported), known=known,
                                      conflicts=tuple(conflicts))
+
+    def mark_recorded(self, action_id: str) -> str:
+        """Note (durably, once) that a client recorded this terminal record's outcome; the
+        time it was first noted. The record itself does not change."""
+        record = self.records[action_id]
+        if not record.terminal:
+            raise ValueError("only terminal records can be marked recorded")
+        row = self._conn.execute("SELECT recorded_at FROM recorded WHERE action_id = ?",
+                                 (action_id,)).fetchone()
+        if row is not None:
+            return str(row[0])
+        now = utc_now()
+        with self._tx() as conn:
+            conn.execute("INSERT INTO recorded VALUES (?, ?)", (action_id, now))
+        return now
 
     def resolution(self, action_id: str) -> JobEvent | None:
         """The action's journaled resolution event, if any (at most one exists)."""

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from crewfence_sidecar.contract import (
     EFFECT_EVENTS,
     OPERATION_TRAITS,
+    UNRECORDED_GRACE_SECONDS,
     ContractError,
     DrainState,
     EventName,
@@ -603,16 +604,39 @@ class Runtime:
         log.info("archived", extra={"action_id": action_id, "crew_id": record.crew_id})
         return stone
 
-    def archive_older_than(self, seconds: int) -> list[Tombstone]:
-        """Archive every terminal record last updated at least ``seconds`` ago (tombstones)."""
-        cutoff = utc_iso(datetime.now(UTC) - timedelta(seconds=seconds))
+    def archive_older_than(self, seconds: int, *, recorded_only: bool = False,
+                           ) -> list[Tombstone]:
+        """Archive every terminal record last updated at least ``seconds`` ago (tombstones);
+        ``recorded_only``: only those marked recorded, or older than the window plus
+        ``UNRECORDED_GRACE_SECONDS`` (see ``Journal.archive_older_than``)."""
+        now = datetime.now(UTC)
+        cutoff = utc_iso(now - timedelta(seconds=seconds))
+        unrecorded = (utc_iso(now - timedelta(seconds=seconds + UNRECORDED_GRACE_SECONDS))
+                      if recorded_only else None)
         try:
-            stones = self.journal.archive_older_than(cutoff)
+            stones = self.journal.archive_older_than(cutoff, unrecorded)
         except PersistError:
             raise JournalUnavailable("the journal could not persist the archive",
                                      full=False) from None
         log.info("archived in bulk", extra={"count": len(stones), "older_than_s": seconds})
         return stones
+
+    def mark_recorded(self, crew_id: str, action_id: str) -> tuple[JobRecord, str]:
+        """A client recorded this finished action's outcome (the operator: in its CrewJob's
+        status); recorded-only retention may archive it from now on. Idempotent."""
+        record = self.journal.get(action_id)
+        if record is None or record.crew_id != crew_id:
+            stone = self.journal.tombstone(action_id)
+            if stone is not None and stone.crew_id == crew_id:
+                raise Gone(stone)
+            raise ContractError(404, "unknown_job", "no such job for this crew")
+        if not record.terminal:
+            raise ContractError(409, "job_running", "the job is still running")
+        try:
+            return record, self.journal.mark_recorded(action_id)
+        except PersistError:
+            raise JournalUnavailable("the journal could not persist the mark",
+                                     full=False) from None
 
     def import_tombstones(self, stones: tuple[Tombstone, ...]) -> TombstoneImportResult:
         """Take over a retiring replica's tombstones (see ``Journal.import_tombstones``).

@@ -309,6 +309,34 @@ def test_retention_archives_on_schedule_and_delete_setting_removes_the_claim(
     assert action != other_action
 
 
+def test_retention_archives_only_what_the_operator_recorded(
+    cluster: Cluster, operator_process: Operator, namespace: str
+) -> None:
+    """Issue 19, "retention never races the operator": a record whose outcome no CrewJob
+    recorded (made straight on the sidecar, so nobody marks it) outlives the retention window
+    while a newer record, whose CrewJob the operator finished and marked, is archived."""
+    assert apply_obj(cluster, research_crew(1), namespace).returncode == 0
+    replica = wait_crew_ready(cluster, namespace, CREW, 1)[0]
+    access = crew_access(cluster, namespace, CREW)
+    raw = {"crew_id": CREW, "action_id": "unrecorded-1", "operation": "run",
+           "input": {"topic": "nobody reads this"}}
+    made, _, _ = _http(replica, "POST", "/jobs", access, raw, {"Idempotency-Key": "u1"})
+    assert made == 200
+    job = crewjob_manifest("recorded", "run", {"topic": "recorded"})
+    assert apply_obj(cluster, job, namespace).returncode == 0
+    status = wait_phase(cluster, namespace, "recorded")["status"]
+    assert status["phase"] == "Succeeded" and status["output"]["value"]
+    cluster.kubectl("patch", "crew", CREW, "-n", namespace, "--type=merge",
+                    "-p", '{"spec":{"journal":{"retention":"1s"}}}', check=True)
+    action = f"{namespace}/recorded"
+    wait_for(lambda: sidecar_get(replica, f"/jobs/{quote(action, safe='')}", access)[0] == 410,
+             timeout=90, what="retention to archive the recorded job")
+    assert sidecar_get(replica, "/jobs/unrecorded-1", access)[0] == 200, \
+        "an older record nobody recorded was archived by retention"
+    again = get_job(cluster, namespace, "recorded")
+    assert again is not None and again["status"]["output"]["value"] == status["output"]["value"]
+
+
 def test_scale_two_one_two_keeps_every_record_reachable(
     cluster: Cluster, operator_process: Operator, namespace: str
 ) -> None:

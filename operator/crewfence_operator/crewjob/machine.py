@@ -42,6 +42,10 @@ I7  A terminal record's ``status.effects`` / ``status.usage`` come only from eve
     says none was in flight; after ``effects.MAX_READS`` failed reads it says they are unknown
     (``tests/unit/operator_crewjob/test_effects.py``).
 
+I8  Retention never races the operator: a finished record is marked recorded on its replica
+    only after the terminal patch (its outcome and output) was written (:attr:`Finish.mark_on`);
+    the Crew's retention archives only marked records (or ones a day past the window).
+
 The admission gate: :class:`Gate` is the one place where a "wait: predecessor not resolved"
 check (``spec.supersedes``) plugs in; it is consulted only before the first admission.
 """
@@ -253,6 +257,9 @@ class Finish:
     configmap: str | None
     effects: EffectSummary | None = None
     """The record's effect summary (``status.effects``; the per-Crew counters)."""
+    mark_on: Replica | None = None
+    """Once the patch is written, tell this replica the outcome is recorded (its record may
+    then be archived by retention: machine I8)."""
 
 
 @dataclass(frozen=True)
@@ -430,7 +437,12 @@ class _Ctx:
             warning = Warning_(f"OutcomeUncertain{verdict.reason.value}",
                                f"{verdict.message}. {verdict.recovery}"[:1000],
                                verdict.reason.value)
-        return self.decision(Finish(verdict, record, output, cm, effects), patch, warning)
+        mark_on = None
+        if record is not None and record.terminal and chosen is not None \
+                and self.obs.crew is not None:
+            mark_on = self.obs.crew.replica(chosen.ordinal)
+        return self.decision(Finish(verdict, record, output, cm, effects, mark_on), patch,
+                             warning)
 
     def cancellation_now(self) -> Cancellation:
         c = Cancellation.from_status(self.obs.status.get("cancellation"))

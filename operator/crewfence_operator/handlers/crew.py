@@ -373,12 +373,14 @@ async def _apply_retention(clients: Mapping[int, SidecarClient | None],
                            healths: Mapping[int, Health | None], seconds: int,
                            logger: kopf.Logger) -> None:
     """``journal.retention``: bulk-archive terminal records older than the window, on every
-    replica that answers (active and draining alike)."""
+    replica that answers (active and draining alike). Only records whose outcome the operator
+    already wrote into the CrewJob (marked recorded) go, so retention never races the
+    operator; one that nobody marked goes a day after the window."""
     for ordinal, client in sorted(clients.items()):
         if client is None or healths.get(ordinal) is None:
             continue
         try:
-            result = await client.archive_older_than(seconds)
+            result = await client.archive_older_than(seconds, recorded_only=True)
         except SidecarFailure as exc:
             logger.warning(f"replica {ordinal}: journal retention not applied: {exc}")
             continue

@@ -205,6 +205,8 @@ class JobDriver:
                 patch = without_configmap(patch, step.configmap)
         if patch is not None:
             await self.write(patch)
+        if isinstance(step, Finish) and step.mark_on is not None:
+            await self._mark_recorded(step.mark_on)
         if isinstance(step, Finish):
             self.done = True
             if step.effects is not None and isinstance(self.spec, JobSpec):
@@ -257,6 +259,17 @@ class JobDriver:
         except SidecarFailure as exc:
             metrics.observe_sidecar_failure(exc.category.value)
             return exc
+
+    async def _mark_recorded(self, replica: Replica) -> None:
+        """Best effort: an unmarked record is only archived a day later than marked ones."""
+        if not replica.address or not self._token or not isinstance(self.spec, JobSpec):
+            return
+        try:
+            await (await self.client(replica)).mark_recorded(self.spec.crew,
+                                                             self.spec.action_id)
+        except SidecarFailure as exc:
+            log.info("crewjob %s/%s: could not mark the record recorded on replica %s: %s",
+                     self.namespace, self.name, replica.label, exc)
 
     async def _admit(self, step: Admit) -> None:
         assert isinstance(self.spec, JobSpec)
