@@ -231,13 +231,11 @@ LEDGER_SERVER = REPO / "tests" / "support" / "mcp_ledger_server.py"
 
 
 def start_ledger_server(ledger: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """The sidecar half's FastMCP test server (tests/support/mcp_ledger_server.py), assumed
-    to take ``--host --port --ledger`` and to append one JSON line per ``create_ticket``
-    call as it arrives (with the idempotency key it saw), then to hold the call for
-    ``hold_seconds`` when that argument is given. Adjust here if its interface differs."""
+    """The FastMCP test server (tests/support/mcp_ledger_server.py: ``PORT LEDGER_FILE``): one
+    JSON line per ``create_ticket`` call as it arrives (with the idempotency key it saw in
+    ``_meta`` and in the header), then it holds the call for its ``sleep`` argument."""
     port = _closed_port()
-    proc = subprocess.Popen([sys.executable, str(LEDGER_SERVER), "--host", "127.0.0.1",
-                             "--port", str(port), "--ledger", str(ledger)],
+    proc = subprocess.Popen([sys.executable, str(LEDGER_SERVER), str(port), str(ledger)],
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     url = f"http://127.0.0.1:{port}/mcp"
 
@@ -268,7 +266,6 @@ def job_events(cluster: Cluster, namespace: str, crew_name: str,
 
 
 @pytest.mark.slow
-@pytest.mark.skip(reason="needs sidecar tools (i20s)")
 def test_a_killed_sidecar_leaves_exactly_the_call_in_flight_in_doubt(
         cluster: Cluster, operator_process: Operator, pod_runner: PodRunner,
         namespace: str, tmp_path: Path) -> None:
@@ -276,7 +273,7 @@ def test_a_killed_sidecar_leaves_exactly_the_call_in_flight_in_doubt(
     proc, url = start_ledger_server(ledger)
     try:
         two_calls = ('[[tool:tickets/create_ticket {"title": "first"}]] '
-                     '[[tool:tickets/create_ticket {"title": "second", "hold_seconds": 300}]]')
+                     '[[tool:tickets/create_ticket {"title": "second", "sleep": 300}]]')
         tools = {"mcpServers": [{"name": "tickets", "url": url,
                                  "allowedTools": ["create_ticket"]}]}
         assert apply_obj(cluster, crew("desk", tools, ["tickets/create_ticket"], two_calls),
@@ -297,12 +294,14 @@ def test_a_killed_sidecar_leaves_exactly_the_call_in_flight_in_doubt(
         assert (status["phase"], status["reason"]) == ("Failed", "SidecarRestarted"), status
         assert status["uncertainOutcome"] is True
         effects = status["effects"]
-        seen_key = ledger_lines(ledger)[1]["idempotency_key"]
+        seen = ledger_lines(ledger)
+        seen_key = seen[1]["meta_key"]
+        assert seen[1]["header_key"] == seen_key, "the key in _meta and as the header"
         assert effects["toolCalls"] == 2 and effects["inDoubtCount"] == 1
         assert effects["inDoubt"] == [{
             "tool": "tickets/create_ticket", "server": "tickets", "task": "file",
             "startedAt": effects["inDoubt"][0]["startedAt"], "idempotencyKey": seen_key}]
-        assert seen_key != ledger_lines(ledger)[0]["idempotency_key"]
+        assert seen_key != seen[0]["meta_key"] and seen_key.startswith("cfk1-")
         assert (f"1 tool call in doubt: `create_ticket` (server tickets), task `file`, "
                 f"key {seen_key}") in status["message"]
         assert status["usage"]["toolCalls"] == 2 and status["usage"]["modelCalls"] >= 1

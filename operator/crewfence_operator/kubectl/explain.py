@@ -14,6 +14,7 @@ from crewfence_operator.crewjob import resolution as res
 from crewfence_operator.crewjob import supersede
 from crewfence_operator.kubectl.client import Kube, condition, emit, get_job
 from crewfence_operator.kubectl.sidecar import sidecar_evidence
+from crewfence_operator.kubectl.timeline import event_line, in_doubt_lines
 
 NAME = "explain"
 HELP = "print a CrewJob's evidence"
@@ -37,6 +38,7 @@ def evidence(obj: Mapping[str, Any], record: Mapping[str, Any] | None,
         "startedAt": status.get("startedAt"), "finishedAt": status.get("finishedAt"),
         "recovery": status.get("recovery"), "resolution": status.get("resolution"),
         "supersedes": status.get("supersedes"), "supersededBy": status.get("supersededBy"),
+        "effects": status.get("effects"), "usage": status.get("usage"),
         "sidecar": {"record": record, "events": list(events or []), "note": sidecar_note},
     }
 
@@ -78,13 +80,10 @@ def explain_text(ev: Mapping[str, Any]) -> str:
                      f"{record.get('uncertain_outcome')}, error "
                      f"{(record.get('error') or {}).get('code')}, {record.get('event_count')} "
                      "events:")
-        for event in sidecar["events"]:
-            data = event.get("data") or {}
-            detail = ", ".join(f"{k}={data[k]}" for k in ("reason", "status", "outcome", "note")
-                               if k in data)
-            lines.append(f"    #{event.get('sequence')} {event.get('event')} {detail}".rstrip())
+        lines.extend(f"    {event_line(event)}" for event in sidecar["events"])
     else:
         lines.append(f"  The sidecar's record: {sidecar['note']}")
+    lines.extend(in_doubt_lines({"effects": ev.get("effects")}))
     if ev["recovery"]:
         lines.append(f"  Recovery advice: {ev['recovery']}")
     resolution = ev["resolution"] or {}

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 from typing import Protocol
 
-from crewfence_operator.kubectl import explain, rerun, resolve, trigger, uncertain
+from crewfence_operator.kubectl import explain, logs, rerun, resolve, trigger, uncertain
 from crewfence_operator.kubectl.client import Kube, PluginError, connect, kubectl_flags
 
 
@@ -26,7 +26,7 @@ class Verb(Protocol):
     def run(self, args: argparse.Namespace, kube: Kube) -> int: ...
 
 
-VERBS: tuple[Verb, ...] = (uncertain, explain, resolve, rerun, trigger)
+VERBS: tuple[Verb, ...] = (uncertain, explain, logs, resolve, rerun, trigger)
 
 
 def build_parser() -> argparse.ArgumentParser:

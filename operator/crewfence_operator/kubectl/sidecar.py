@@ -130,19 +130,30 @@ def sidecar_access(kube: Kube, crew: Mapping[str, Any], ordinal: int) -> Sidecar
     return SidecarAccess(replica.address, token, context, server_name, source)
 
 
-def sidecar_evidence(kube: Kube, obj: Mapping[str, Any]) -> tuple[Any, Any, str]:
+def job_access(kube: Kube, obj: Mapping[str, Any]) -> SidecarAccess:
+    """How to reach the replica a CrewJob is assigned to; raises ``EvidenceUnavailable``."""
     status = obj.get("status") or {}
     assignment = status.get("assignment") or {}
     if assignment.get("ordinal") is None:
-        return None, None, "no replica was assigned"
+        raise EvidenceUnavailable("no replica was assigned")
     crew_name = str(((obj.get("spec") or {}).get("crewRef") or {}).get("name") or "")
     try:
         crew = kube.api.get_namespaced_custom_object(c.GROUP, c.VERSION, kube.namespace,
                                                      c.CREW_PLURAL, crew_name)
     except ApiException as exc:
-        return None, None, f"cannot read Crew {crew_name} ({exc.status})"
+        raise EvidenceUnavailable(f"cannot read Crew {crew_name} ({exc.status})") from None
+    return sidecar_access(kube, crew, int(assignment["ordinal"]))
+
+
+def sidecar_client(session: aiohttp.ClientSession, access: SidecarAccess) -> SidecarClient:
+    return SidecarClient(session, Endpoint(access.address, access.token,
+                                           ssl_context=access.context,
+                                           server_name=access.server_name))
+
+
+def sidecar_evidence(kube: Kube, obj: Mapping[str, Any]) -> tuple[Any, Any, str]:
     try:
-        access = sidecar_access(kube, crew, int(assignment["ordinal"]))
+        access = job_access(kube, obj)
     except EvidenceUnavailable as exc:
         return None, None, str(exc)
     try:
@@ -153,10 +164,8 @@ def sidecar_evidence(kube: Kube, obj: Mapping[str, Any]) -> tuple[Any, Any, str]
 
 
 async def _fetch(access: SidecarAccess, action_id: str) -> tuple[Any, Any, str]:
-    endpoint = Endpoint(access.address, access.token, ssl_context=access.context,
-                        server_name=access.server_name)
     async with aiohttp.ClientSession() as session:
-        sidecar = SidecarClient(session, endpoint)
+        sidecar = sidecar_client(session, access)
         lookup = await sidecar.get_job(action_id)
         if lookup.record is None:
             return None, None, ("archived (tombstone)" if lookup.tombstone
