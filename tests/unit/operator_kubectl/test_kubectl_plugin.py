@@ -73,10 +73,12 @@ def test_explain_says_what_is_known_in_words() -> None:
         obj, {"status": "failed", "uncertain_outcome": True, "error": {"code": "timeout"},
               "event_count": 2},
         [{"sequence": 0, "event": "started", "data": {}},
-         {"sequence": 1, "event": "failed", "data": {"status": "failed"}}], "from x"))
+         {"sequence": 1, "event": "failed",
+          "data": {"status": "failed", "error": {"code": "timeout"},
+                   "uncertain_outcome": True}}], "from x"))
     assert "UNCERTAIN (Timeout)" in text
     assert "replica 1 (pod research-1" in text
-    assert "#1 failed status=failed" in text
+    assert "#1 failed (timeout), outcome UNCERTAIN" in text
     assert "never proof that the provider stopped" in text
     assert "Recovery advice: Reconcile first." in text
     assert "kubectl crewfence resolve report" in text
