@@ -26,6 +26,7 @@ from crewjob_support import (
     condition,
     events_for,
     wait_crew_ready,
+    wait_for,
     wait_phase,
 )
 from harness import build, controlplane
@@ -103,13 +104,21 @@ def run_demo(keep: bool) -> int:
              "-o", "jsonpath={.status.output.value}")
         print()
 
-        say("Now a slow job ([[sleep:N]] makes the offline model wait). While it runs we kill "
-            "its pod the hard way. A sidecar that dies mid-job cannot know what its provider "
-            "calls did, so crewfence must NOT report success or failure as fact, and must NOT "
-            "run the job again.")
+        say("Now a slow job: its writer calls the sample `notify` tool (it stands for a "
+            "message sent to the team), which takes 90 s to answer. Every tool call is "
+            "journaled BEFORE it runs, with an idempotency key the tool receives. While the "
+            "call is in flight we kill the pod the hard way. A sidecar that dies mid-job "
+            "cannot know what its tool did, so crewfence must NOT report success or failure "
+            "as fact, must NOT run the job again, and must say which call is in doubt.")
         running = step("Applying examples/crewjob-slow.yaml and waiting until it runs", lambda: (
             show(cluster, "apply", "-n", NAMESPACE, "-f", str(EXAMPLES / "crewjob-slow.yaml")),
             wait_phase(cluster, NAMESPACE, "crewjob-slow", ("Running",), timeout=300))[1])
+        folder = plugin_dir(STATE_DIR)
+        step("Waiting until the journal shows the notify call started (kubectl crewfence logs)",
+             lambda: wait_for(lambda: "STARTED" in kubectl_plugin(
+                 cluster, folder, "logs", "crewjob-slow", "-n", NAMESPACE).stdout,
+                 timeout=300, what="the notify call to start"))
+        plugin(cluster, folder, "logs", "crewjob-slow", "-n", NAMESPACE)
         pod = running["status"]["assignment"]["pod"]
         step(f"Killing pod {pod}: kubectl delete pod --force --grace-period=0", lambda: show(
             cluster, "delete", "pod", pod, "-n", NAMESPACE, "--force", "--grace-period=0"))
@@ -121,6 +130,14 @@ def run_demo(keep: bool) -> int:
         say(f"Condition OutcomeUncertain={cond.get('status')} reason={cond.get('reason')}: "
             f"{cond.get('message')}")
         say(f"status.recovery: {final['status'].get('recovery')}")
+        effects = final["status"].get("effects") or {}
+        doubt = effects.get("inDoubt") or []
+        if not doubt:
+            raise StepFailed("the uncertain job names no tool call in doubt")
+        say(f"status.effects: {effects.get('toolCalls')} tool call(s), "
+            f"{effects.get('inDoubtCount')} in doubt: `{doubt[0]['tool']}` in task "
+            f"`{doubt[0]['task']}`, idempotency key {doubt[0]['idempotencyKey']} (the key the "
+            "tool received: ask the system it talks to whether that key was used).")
         warnings = [e for e in events_for(cluster, NAMESPACE, "crewjob-slow")
                     if e.get("type") == "Warning"]
         for ev in warnings:
@@ -182,8 +199,8 @@ def close_the_loop(cluster: Cluster) -> None:
         f"{successor['status']['actionId']}, on replica {where.get('ordinal')} "
         f"({where.get('pod')}); it supersedes {links.get('name')} (resolved "
         f"{links.get('outcome')}), and crewjob-slow now names it in status.supersededBy. "
-        "Like crewjob-slow it takes a few minutes ([[sleep:90]]); watch it with "
-        "kubectl get crewjobs -w.")
+        "Like crewjob-slow it takes a couple of minutes (its notify call waits 90 s); "
+        "watch it with kubectl get crewjobs -w or kubectl crewfence logs -f.")
     show(cluster, "get", "crewjobs", "-n", NAMESPACE)
     show(cluster, "get", "crewjob", "crewjob-slow", "-n", NAMESPACE,
          "-o", "jsonpath={.status.supersededBy}")

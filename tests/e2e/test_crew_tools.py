@@ -306,10 +306,16 @@ def test_a_killed_sidecar_leaves_exactly_the_call_in_flight_in_doubt(
                 f"key {seen_key}") in status["message"]
         assert status["usage"]["toolCalls"] == 2 and status["usage"]["modelCalls"] >= 1
 
-        # A job whose sidecar dies between calls (its model call sleeps): nothing in flight.
-        between = '[[tool:tickets/create_ticket {"title": "only"}]] [[sleep:300]]'
-        assert apply_obj(cluster, crew("desk2", tools, ["tickets/create_ticket"], between),
-                         namespace).returncode == 0
+        # A job whose sidecar dies between calls: its first task's call finished, its second
+        # task's model call sleeps (another agent, no tools): nothing is in flight.
+        between = crew("desk2", tools, ["tickets/create_ticket"],
+                       '[[tool:tickets/create_ticket {"title": "only"}]]')
+        between["spec"]["agents"]["waiter"] = {"role": "Waiter", "goal": "Wait",
+                                               "backstory": "Patient."}
+        between["spec"]["tasks"].append({"name": "wait", "agent": "waiter",
+                                         "description": "[[sleep:300]] Wait.",
+                                         "expected_output": "Nothing."})
+        assert apply_obj(cluster, between, namespace).returncode == 0
         wait_crew_ready(cluster, namespace, "desk2", 1)
         before = len(ledger_lines(ledger))
         assert apply_obj(cluster, crewjob_manifest("between", "run", {}, crew="desk2"),
