@@ -470,14 +470,20 @@ class CancelRequest:
     reason: str | None = None
 
 
-def parse_cancel_request(body: object, path_action_id: str) -> CancelRequest:
-    body = _body_object(body, {"crew_id", "action_id", "reason"})
+def _job_ids(body: dict[str, Any], path_action_id: str) -> tuple[str, str]:
+    """``crew_id`` and ``action_id`` of a body about the job at the path (400 otherwise)."""
     if "crew_id" not in body or "action_id" not in body:
         raise ContractError(400, "invalid_request", "crew_id and action_id are required")
     crew_id = validate_id("crew_id", body["crew_id"])
     action_id = validate_id("action_id", body["action_id"])
     if action_id != path_action_id:
         raise ContractError(400, "invalid_request", "action_id does not match the path")
+    return crew_id, action_id
+
+
+def parse_cancel_request(body: object, path_action_id: str) -> CancelRequest:
+    body = _body_object(body, {"crew_id", "action_id", "reason"})
+    crew_id, action_id = _job_ids(body, path_action_id)
     reason = body.get("reason")
     if reason is not None and (not isinstance(reason, str) or len(reason) > MAX_REASON_CHARS):
         raise ContractError(400, "invalid_request",
@@ -552,14 +558,7 @@ RECORDED_SUFFIX: Final = "/recorded"
 
 def parse_recorded_request(body: object, path_action_id: str) -> tuple[str, str]:
     """``POST /jobs/{id}/recorded``: ``{crew_id, action_id}``; returns both (400 otherwise)."""
-    body = _body_object(body, {"crew_id", "action_id"})
-    if "crew_id" not in body or "action_id" not in body:
-        raise ContractError(400, "invalid_request", "crew_id and action_id are required")
-    crew_id = validate_id("crew_id", body["crew_id"])
-    action_id = validate_id("action_id", body["action_id"])
-    if action_id != path_action_id:
-        raise ContractError(400, "invalid_request", "action_id does not match the path")
-    return crew_id, action_id
+    return _job_ids(_body_object(body, {"crew_id", "action_id"}), path_action_id)
 
 
 @dataclass(frozen=True)

@@ -514,14 +514,19 @@ class Runtime:
                                     "uncertain_outcome": record.uncertain_outcome})
         self._notify(action_id)
 
-    # --- cancellation ----------------------------------------------------------------------
-    async def cancel(self, crew_id: str, action_id: str, reason: str | None) -> JobRecord:
+    def _crews_record(self, crew_id: str, action_id: str) -> JobRecord:
+        """This crew's record of the action; Gone for its tombstone, 404 otherwise."""
         record = self.journal.get(action_id)
         if record is None or record.crew_id != crew_id:
             stone = self.journal.tombstone(action_id)
             if stone is not None and stone.crew_id == crew_id:
                 raise Gone(stone)
             raise ContractError(404, "unknown_job", "no such job for this crew")
+        return record
+
+    # --- cancellation ----------------------------------------------------------------------
+    async def cancel(self, crew_id: str, action_id: str, reason: str | None) -> JobRecord:
+        record = self._crews_record(crew_id, action_id)
         job = self._jobs.get(action_id)
         if record.terminal or job is None:
             return record  # terminal records are unchanged
@@ -624,12 +629,7 @@ class Runtime:
     def mark_recorded(self, crew_id: str, action_id: str) -> tuple[JobRecord, str]:
         """A client recorded this finished action's outcome (the operator: in its CrewJob's
         status); recorded-only retention may archive it from now on. Idempotent."""
-        record = self.journal.get(action_id)
-        if record is None or record.crew_id != crew_id:
-            stone = self.journal.tombstone(action_id)
-            if stone is not None and stone.crew_id == crew_id:
-                raise Gone(stone)
-            raise ContractError(404, "unknown_job", "no such job for this crew")
+        record = self._crews_record(crew_id, action_id)
         if not record.terminal:
             raise ContractError(409, "job_running", "the job is still running")
         try:
