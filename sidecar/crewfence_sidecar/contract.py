@@ -755,6 +755,8 @@ class Tombstone:
 
     @classmethod
     def from_wire(cls, raw: dict[str, Any]) -> Tombstone:
+        if not isinstance(raw, dict):
+            raise TypeError("a tombstone must be an object")
         uncertain = raw.get("uncertain_outcome", False)
         if not isinstance(uncertain, bool):
             raise ValueError("uncertain_outcome must be a bool")

@@ -99,6 +99,7 @@ async def test_tombstone_routes_need_auth_and_a_strict_body(
     assert (await serving.get(TOMBSTONES_PATH)).status == 401
     assert (await serving.post(TOMBSTONES_PATH, json={"tombstones": []})).status == 401
     for bad in ({}, {"tombstones": "x"}, {"tombstones": [{"action_id": "a"}]},
+                {"tombstones": [7]}, {"tombstones": [["a"]]}, {"tombstones": [None]},
                 {"tombstones": [], "more": 1},
                 {"tombstones": [{"action_id": "a", "crew_id": "research", "operation": "run",
                                  "request_hash": "not-a-digest", "status": "completed",
