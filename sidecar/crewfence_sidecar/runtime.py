@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from crewfence_sidecar.contract import (
     OPERATION_TRAITS,
+    SUCCESSOR_ALLOWING,
     ContractError,
     DrainState,
     EventName,
@@ -27,11 +28,10 @@ from crewfence_sidecar.contract import (
     Operation,
     ResolutionRequest,
     StartRequest,
-    SuccessorRequest,
     Status,
+    SuccessorRequest,
     Tombstone,
     TombstoneImportResult,
-    SUCCESSOR_ALLOWING,
     check_template_inputs,
     finding_of,
     request_hash,

@@ -140,10 +140,10 @@ async def test_a_resolution_is_written_once_whoever_sends_it_again(make_client: 
 
 
 def _post(url: str, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    key = "k-" + body["action_id"].replace("/", "-")
     req = urllib.request.Request(url + path, data=json.dumps(body).encode(), method="POST",
                                  headers={**AUTH, "Content-Type": "application/json",
-                                          "Prefer": "respond-async",
-                                          "Idempotency-Key": "k-" + body["action_id"].replace("/", "-")})
+                                          "Prefer": "respond-async", "Idempotency-Key": key})
     try:
         with urllib.request.urlopen(req, timeout=30) as resp:
             return resp.status, json.loads(resp.read())
