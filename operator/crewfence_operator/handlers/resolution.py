@@ -111,7 +111,8 @@ def has_a_step(spec: Mapping[str, Any], status: Mapping[str, Any], meta: Mapping
 
 
 @kopf.on.timer(c.GROUP, c.VERSION, c.CREWJOB_PLURAL, id="crewjob-resolution-retry",
-               interval=TIMER_SECONDS, initial_delay=TIMER_SECONDS, when=has_a_step)
+               interval=TIMER_SECONDS, initial_delay=TIMER_SECONDS,
+               backoff=TIMER_SECONDS, when=has_a_step)
 async def crewjob_resolution_retry(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """The retry of :func:`crewjob_resolution` (see the module docstring): errors raise, so
     kopf retries them."""
