@@ -786,9 +786,10 @@ RESOLUTION_FIELDS: Final = frozenset(
 class ResolutionRequest:
     """Body of ``POST /jobs/{action_id}/resolution``.
 
-    Invariant (idempotent resolution): the identity of a resolution is all its fields; the
-    sidecar journals one per action, answers an identical repeat with the journaled one and
-    refuses a different one with 409.
+    Invariant (a resolution is written once): the sidecar journals one per action; a repeat
+    of the same finding (:func:`finding_of`: crew, outcome, note, evidence; not who re-sent
+    it) is answered with the journaled one, a different finding is refused with 409
+    ``resolution_conflict`` naming the journaled event.
     """
 
     crew_id: str
