@@ -158,9 +158,14 @@ class Runtime:
     """The sidecar's last answers per CrewJob uid (kept across a deletion stop)."""
     daemon_uids: set[str] = field(default_factory=set)
     phases: dict[tuple[str, str], str] = field(default_factory=dict)
-    gate: Callable[[Mapping[str, Any]], Awaitable[Gate]] | None = None
+    gate: Callable[[Mapping[str, Any], Runtime], Awaitable[Gate]] | None = None
     """The admission gate (``spec.supersedes``): the one place it plugs in."""
+    resolution_locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
+    """One resolution step at a time per CrewJob (its event and its retry timer)."""
     _session: aiohttp.ClientSession | None = None
+
+    def resolution_lock(self, namespace: str, name: str) -> asyncio.Lock:
+        return self.resolution_locks.setdefault((namespace, name), asyncio.Lock())
 
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:

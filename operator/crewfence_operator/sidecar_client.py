@@ -188,6 +188,25 @@ class EventsPage:
     events: list[JobEvent]
 
 
+@dataclass(frozen=True)
+class ResolutionAnswer:
+    """What the journal holds as the action's resolution after a resolution write."""
+
+    event: JobEvent
+    """The journaled ``resolution`` event (this finding, or the different one on conflict)."""
+    conflict: bool = False
+    """True when the journal holds a different finding (written once: it stays)."""
+    successor: JobEvent | None = None
+    """The journaled ``successor`` claim, when there is one."""
+
+
+@dataclass(frozen=True)
+class SuccessorAnswer:
+    claim: JobEvent
+    resolution: JobEvent
+    created: bool
+
+
 class SidecarClient:
     """One sidecar. The caller owns the session (one per operator event loop)."""
 
@@ -380,20 +399,51 @@ class SidecarClient:
                          limit=MAX_RECORD_BYTES, invocation=False,
                          body={"crew_id": crew_id, "action_id": action_id}, ok=(200, 410))
 
-    async def resolve(self, request: contract.ResolutionRequest) -> JobEvent:
+    async def resolve(self, request: contract.ResolutionRequest) -> ResolutionAnswer:
         """``POST /jobs/{id}/resolution``: the journaled ``resolution`` event (201 new, 200 an
-        identical repeat). An invocation: a lost answer is retried by the caller, which is safe
-        because the route is idempotent."""
+        identical repeat), the journaled successor claim when there is one, or (409
+        ``resolution_conflict``) the different finding the journal holds. An invocation: a
+        lost answer is retried by the caller, which is safe because the route is idempotent."""
         status, payload, _ = await self._call(
             "POST", self.endpoint.job_url(request.action_id, "/resolution"),
-            limit=MAX_RECORD_BYTES, invocation=True, body=request.to_wire(), ok=(200, 201))
+            limit=MAX_RECORD_BYTES, invocation=True, body=request.to_wire(),
+            ok=(200, 201, 409))
         try:
-            if not isinstance(payload, dict) or not isinstance(payload.get("event"), dict):
-                raise TypeError("not an object with an event")
-            return JobEvent.from_wire(payload["event"])
+            if not isinstance(payload, dict):
+                raise TypeError("not an object")
+            if status == 409:
+                err = payload.get("error") or {}
+                if not isinstance(err, dict) or err.get("code") != "resolution_conflict" \
+                        or not isinstance(err.get("journaled"), dict):
+                    raise classify_http_failure(status, payload, invocation=True)
+                journaled = JobEvent.from_wire(err["journaled"])
+                return ResolutionAnswer(event=journaled, conflict=True)
+            successor = payload.get("successor")
+            return ResolutionAnswer(
+                event=JobEvent.from_wire(payload["event"]),
+                successor=JobEvent.from_wire(successor) if isinstance(successor, dict)
+                else None)
         except (KeyError, TypeError, ValueError) as exc:
             raise SidecarFailure(FailureCategory.CONNECTOR, "invalid_response",
                                  f"resolution answer is malformed: {type(exc).__name__}", status,
+                                 uncertain=True) from None
+
+    async def claim_successor(self, request: contract.SuccessorRequest) -> SuccessorAnswer:
+        """``POST /jobs/{id}/successor``: the journaled claim (201 new, 200 an exact repeat)
+        and the journaled resolution it rests on; a refusal is a SidecarFailure whose
+        ``code`` is the journal's reason (``unresolved``, ``happened``, ...)."""
+        status, payload, _ = await self._call(
+            "POST", self.endpoint.job_url(request.action_id, "/successor"),
+            limit=MAX_RECORD_BYTES, invocation=True, body=request.to_wire(), ok=(200, 201))
+        try:
+            if not isinstance(payload, dict):
+                raise TypeError("not an object")
+            return SuccessorAnswer(claim=JobEvent.from_wire(payload["event"]),
+                                   resolution=JobEvent.from_wire(payload["resolution"]),
+                                   created=status == 201)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise SidecarFailure(FailureCategory.CONNECTOR, "invalid_response",
+                                 f"successor answer is malformed: {type(exc).__name__}", status,
                                  uncertain=True) from None
 
     async def events_page(self, action_id: str, cursor: int) -> EventsPage:

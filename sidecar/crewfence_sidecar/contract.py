@@ -157,14 +157,17 @@ MEMORY_RESET_COMMANDS: Final = frozenset(
 class ContractError(Exception):
     """A request that breaks the contract; ``status`` is the HTTP status to answer with."""
 
-    def __init__(self, status: int, code: str, message: str) -> None:
+    def __init__(self, status: int, code: str, message: str,
+                 extra: Mapping[str, Any] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
+        self.extra = dict(extra or {})
+        """More fields of the ``error`` object (e.g. the journaled fact a 409 conflicts with)."""
 
     def to_wire(self) -> dict[str, Any]:
-        return error_body(self.code, self.message)
+        return error_body(self.code, self.message, **self.extra)
 
 
 def error_body(code: str, message: str, **extra: Any) -> dict[str, Any]:
@@ -810,9 +813,10 @@ RESOLUTION_FIELDS: Final = frozenset(
 class ResolutionRequest:
     """Body of ``POST /jobs/{action_id}/resolution``.
 
-    Invariant (idempotent resolution): the identity of a resolution is all its fields; the
-    sidecar journals one per action, answers an identical repeat with the journaled one and
-    refuses a different one with 409.
+    Invariant (a resolution is written once): the sidecar journals one per action; a repeat
+    of the same finding (:func:`finding_of`: crew, outcome, note, evidence; not who re-sent
+    it) is answered with the journaled one, a different finding is refused with 409
+    ``resolution_conflict`` naming the journaled event.
     """
 
     crew_id: str
@@ -869,6 +873,62 @@ def parse_resolution_request(body: object, path_action_id: str) -> ResolutionReq
     return ResolutionRequest(crew_id=crew_id, action_id=action_id,
                              outcome=ResolutionOutcome(raw_outcome), note=str(note),
                              evidence=links, resolved_by=resolved_by)
+
+
+# --- the one successor of an uncertain outcome (crewfence extension) -------------------------
+SUCCESSOR_EVENT: Final = "successor"
+"""The event a successor's claim appends after the record's ``resolution`` event (at most one
+per action: the journal is where the one-successor fence lives, so deleting and re-applying
+the predecessor's CrewJob cannot forget it)."""
+SUCCESSOR_FIELDS: Final = frozenset({"crew_id", "action_id", "successor_action_id"})
+SUCCESSOR_ALLOWING: Final = frozenset({ResolutionOutcome.NOT_HAPPENED.value,
+                                       ResolutionOutcome.COMPENSATED.value})
+"""The journaled resolutions that allow a successor: the work is not in effect."""
+
+
+@dataclass(frozen=True)
+class SuccessorRequest:
+    """Body of ``POST /jobs/{action_id}/successor``: claim the one successor slot of the
+    uncertain action ``action_id`` for ``successor_action_id``.
+
+    Invariant (one successor per uncertain outcome, decided by the journal): the sidecar
+    journals one claim per action, only on a terminal, uncertain record whose journaled
+    resolution allows a successor; an identical repeat answers with the journaled claim and
+    another successor is refused with 409 ``already_superseded``.
+    """
+
+    crew_id: str
+    action_id: str
+    successor_action_id: str
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"crew_id": self.crew_id, "action_id": self.action_id,
+                "successor_action_id": self.successor_action_id}
+
+
+def parse_successor_request(body: object, path_action_id: str) -> SuccessorRequest:
+    """Validate a successor claim (400 on anything else)."""
+    body = _body_object(body, SUCCESSOR_FIELDS)
+    _require_fields(body, set(SUCCESSOR_FIELDS))
+    crew_id = validate_id("crew_id", body["crew_id"])
+    action_id = validate_id("action_id", body["action_id"])
+    successor = validate_id("successor_action_id", body["successor_action_id"])
+    if action_id != path_action_id:
+        raise ContractError(400, "invalid_request", "action_id does not match the path")
+    if successor == action_id:
+        raise ContractError(400, "invalid_request",
+                            "a successor must run under a new action id")
+    return SuccessorRequest(crew_id=crew_id, action_id=action_id,
+                            successor_action_id=successor)
+
+
+def finding_of(resolution_data: dict[str, Any]) -> dict[str, Any]:
+    """What makes two resolutions the same finding: outcome, note and evidence (and the
+    crew). Who wrote it (``resolved_by``, a field manager that changes when a manifest is
+    re-applied with another client) and when are not part of the finding."""
+    return {"crew_id": resolution_data.get("crew_id"), "outcome": resolution_data.get("outcome"),
+            "note": resolution_data.get("note"),
+            "evidence": list(resolution_data.get("evidence") or [])}
 
 
 # --- the effect ledger (crewfence extension) -------------------------------------------------

@@ -48,6 +48,7 @@ from crewfence_sidecar.contract import (
     parse_recorded_request,
     parse_resolution_request,
     parse_start_request,
+    parse_successor_request,
     parse_tombstone_import,
     parse_tombstone_page_query,
     tombstone_page,
@@ -117,7 +118,7 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         return await handler(request)
     except ContractError as err:
         metrics.rejection(err.code)
-        return _error(err.status, err.code, err.message)
+        return _error(err.status, err.code, err.message, **err.extra)
     except web.HTTPRequestEntityTooLarge:
         metrics.rejection("body_too_large")
         return _error(413, "body_too_large", f"the body is over {MAX_BODY_BYTES} bytes")
@@ -400,8 +401,31 @@ async def resolve_job(request: web.Request) -> web.StreamResponse:
     except JournalUnavailable as exc:
         return _unavailable(exc)
     record = rt.journal.get(action_id)
+    body: dict[str, Any] = {"action_id": action_id, "created": created,
+                            "event": event.to_wire()}
+    successor = rt.journal.successor(action_id)
+    if successor is not None:
+        body["successor"] = successor.to_wire()
+    return _json(201 if created else 200, body, _record_headers(request, record=record))
+
+
+async def claim_successor(request: web.Request) -> web.StreamResponse:
+    """Claim the one successor slot of an uncertain action (crewfence extension): 201 when
+    journaled now, 200 for an exact repeat, 409 when the journal refuses (its code says why:
+    ``unresolved``, ``happened``, ``already_superseded``, ``not_uncertain``, ``job_running``)."""
+    action_id = request.match_info["action_id"]
+    req = parse_successor_request(await _read_json(request), action_id)
+    rt = _runtime(request)
+    try:
+        event, resolution, created = rt.claim_successor(req)
+    except Gone as g:
+        return _gone(g)
+    except JournalUnavailable as exc:
+        return _unavailable(exc)
+    record = rt.journal.get(action_id)
     return _json(201 if created else 200,
-                 {"action_id": action_id, "created": created, "event": event.to_wire()},
+                 {"action_id": action_id, "created": created, "event": event.to_wire(),
+                  "resolution": resolution.to_wire()},
                  _record_headers(request, record=record))
 
 
@@ -548,6 +572,7 @@ def build_app(runtime: Runtime, settings: ApiSettings) -> web.Application:
     r.add_post("/jobs/{action_id}/cancel", cancel_job)
     r.add_post("/jobs/{action_id}/resolution", resolve_job)
     r.add_post("/jobs/{action_id}" + RECORDED_SUFFIX, mark_recorded)
+    r.add_post("/jobs/{action_id}/successor", claim_successor)
     r.add_post(DRAIN_PATH, set_draining)
     r.add_post(BULK_ARCHIVE_PATH, archive_older_than)
     r.add_get(TOMBSTONES_PATH, list_tombstones)

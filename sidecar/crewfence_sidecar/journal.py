@@ -25,6 +25,7 @@ from typing import Any, Final
 
 from crewfence_sidecar.contract import (
     RESOLUTION_EVENT,
+    SUCCESSOR_EVENT,
     TERMINAL_EVENT_FOR_STATUS,
     EventName,
     JobEvent,
@@ -627,15 +628,22 @@ class Journal:
             conn.execute("INSERT INTO recorded VALUES (?, ?)", (action_id, now))
         return now
 
-    def resolution(self, action_id: str) -> JobEvent | None:
-        """The action's journaled resolution event, if any (at most one exists)."""
+    def _finding(self, action_id: str, name: str) -> JobEvent | None:
         row = self._conn.execute(
             "SELECT sequence, event, data FROM events WHERE action_id = ? AND event = ? "
-            "ORDER BY sequence LIMIT 1", (action_id, RESOLUTION_EVENT)).fetchone()
+            "ORDER BY sequence LIMIT 1", (action_id, name)).fetchone()
         if row is None:
             return None
         return JobEvent(event=row["event"], sequence=row["sequence"],
                         data=json.loads(row["data"]))
+
+    def resolution(self, action_id: str) -> JobEvent | None:
+        """The action's journaled resolution event, if any (at most one exists)."""
+        return self._finding(action_id, RESOLUTION_EVENT)
+
+    def successor(self, action_id: str) -> JobEvent | None:
+        """The action's journaled successor claim, if any (at most one exists)."""
+        return self._finding(action_id, SUCCESSOR_EVENT)
 
     def append_resolution(self, action_id: str, data: dict[str, Any]) -> JobEvent:
         """Append the one ``resolution`` event after a terminal record's terminal event.
@@ -644,22 +652,31 @@ class Journal:
         output, error, uncertainty and ``updated_at`` stay exactly as they were; only the
         event log grows by one durable (fsync'd) event.
         """
+        return self._append_finding(action_id, RESOLUTION_EVENT, data)
+
+    def append_successor(self, action_id: str, data: dict[str, Any]) -> JobEvent:
+        """Append the one ``successor`` event (the claim of the one successor slot), after
+        the ``resolution`` event; the record itself stays as it was (as for a resolution)."""
+        return self._append_finding(action_id, SUCCESSOR_EVENT, data)
+
+    def _append_finding(self, action_id: str, name: str, data: dict[str, Any]) -> JobEvent:
+        """One durable event after a terminal record's terminal event; the caller checked
+        that none of this name exists (one thread: no race)."""
         record = self.records[action_id]
         if not record.terminal:
-            raise ValueError("only terminal records can be resolved")
+            raise ValueError(f"only terminal records take a {name} event")
         if record.event_count >= self.limits.max_events_per_run:
-            raise JournalFull("CREWFENCE_MAX_EVENTS_PER_RUN reached; no room for the resolution")
+            raise JournalFull(f"CREWFENCE_MAX_EVENTS_PER_RUN reached; no room for the {name}")
         encoded = self._encode_event(
-            RESOLUTION_EVENT, data,
-            too_large="the resolution is over CREWFENCE_MAX_EVENT_BYTES")
+            name, data, too_large=f"the {name} is over CREWFENCE_MAX_EVENT_BYTES")
         seq = record.event_count
         with self._tx() as conn:
             conn.execute("INSERT INTO events VALUES (?, ?, ?, ?)",
-                         (action_id, seq, RESOLUTION_EVENT, encoded))
+                         (action_id, seq, name, encoded))
             conn.execute("UPDATE records SET event_count = ? WHERE action_id = ?",
                          (seq + 1, action_id))
         record.event_count = seq + 1
-        return JobEvent(event=RESOLUTION_EVENT, sequence=seq, data=data)
+        return JobEvent(event=name, sequence=seq, data=data)
 
     def close(self) -> None:
         with contextlib.suppress(sqlite3.Error):

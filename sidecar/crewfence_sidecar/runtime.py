@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from crewfence_sidecar.contract import (
     EFFECT_EVENTS,
     OPERATION_TRAITS,
+    SUCCESSOR_ALLOWING,
     UNRECORDED_GRACE_SECONDS,
     ContractError,
     DrainState,
@@ -33,9 +34,11 @@ from crewfence_sidecar.contract import (
     ResolutionRequest,
     StartRequest,
     Status,
+    SuccessorRequest,
     Tombstone,
     TombstoneImportResult,
     check_template_inputs,
+    finding_of,
     request_hash,
     validate_idempotency_key,
     validate_operation_input,
@@ -670,25 +673,33 @@ class Runtime:
         return self.drain_state()
 
     # --- resolution ------------------------------------------------------------------------
+    def _finished_record(self, crew_id: str, action_id: str) -> JobRecord:
+        record = self.journal.get(action_id)
+        if record is None or record.crew_id != crew_id:
+            stone = self.journal.tombstone(action_id)
+            if stone is not None and stone.crew_id == crew_id:
+                raise Gone(stone)
+            raise ContractError(404, "unknown_job", "no such job for this crew")
+        return record
+
     def resolve(self, req: ResolutionRequest) -> tuple[JobEvent, bool]:
         """Journal a person's finding on a finished action; ``(event, created)``.
 
-        Invariants: idempotent (an identical repeat returns the journaled event, created
-        False; a different resolution is refused with 409); only a terminal record takes one
+        Invariants: written once (an exact repeat of the finding, outcome, note and evidence,
+        returns the journaled event, created False, whoever re-sent it: a re-applied manifest
+        is written by another field manager; a different finding is refused with 409
+        ``resolution_conflict`` naming the journaled one); only a terminal record takes one
         (409 while running); the record itself never changes (see Journal.append_resolution).
         """
-        record = self.journal.get(req.action_id)
-        if record is None or record.crew_id != req.crew_id:
-            stone = self.journal.tombstone(req.action_id)
-            if stone is not None and stone.crew_id == req.crew_id:
-                raise Gone(stone)
-            raise ContractError(404, "unknown_job", "no such job for this crew")
+        record = self._finished_record(req.crew_id, req.action_id)
         existing = self.journal.resolution(req.action_id)
         if existing is not None:
-            journaled = {k: v for k, v in existing.data.items() if k != "recorded_at"}
-            if journaled != req.identity():
-                raise ContractError(409, "resolution_conflict",
-                                    "this action already has a different resolution")
+            if finding_of(existing.data) != finding_of(req.identity()):
+                raise ContractError(
+                    409, "resolution_conflict",
+                    f"this action was already resolved {existing.data.get('outcome')} "
+                    f"(journal event {existing.sequence}); a resolution is written once",
+                    {"journaled": existing.to_wire()})
             return existing, False
         if not record.terminal:
             raise ContractError(409, "job_running",
@@ -705,6 +716,57 @@ class Runtime:
                                     "code": req.outcome.value})
         self._notify(req.action_id)
         return event, True
+
+    def claim_successor(self, req: SuccessorRequest) -> tuple[JobEvent, JobEvent, bool]:
+        """Claim the one successor slot of an uncertain action; ``(claim, resolution,
+        created)``.
+
+        Invariants (at most once across delete and re-apply of any CrewJob): the journal, not
+        a status, decides: only a terminal, uncertain record whose journaled resolution is
+        NotHappened or Compensated takes a claim (409 ``job_running``, ``not_uncertain``,
+        ``unresolved``, ``happened`` otherwise); one claim per action, written once (an exact
+        repeat answers the journaled claim, created False; another successor gets 409
+        ``already_superseded`` naming the one journaled).
+        """
+        record = self._finished_record(req.crew_id, req.action_id)
+        if not record.terminal:
+            raise ContractError(409, "job_running",
+                                "the predecessor is still running; its outcome is not known")
+        if not record.uncertain_outcome:
+            raise ContractError(409, "not_uncertain",
+                                "the predecessor's outcome is known (not uncertain): a "
+                                "successor is only for an uncertain outcome")
+        resolution = self.journal.resolution(req.action_id)
+        if resolution is None:
+            raise ContractError(409, "unresolved",
+                                "the predecessor's uncertain outcome has no journaled "
+                                "resolution yet")
+        if resolution.data.get("outcome") not in SUCCESSOR_ALLOWING:
+            raise ContractError(409, "happened",
+                                f"the predecessor was resolved {resolution.data.get('outcome')}:"
+                                " its work took effect; running it again would duplicate it",
+                                {"resolution": resolution.to_wire()})
+        existing = self.journal.successor(req.action_id)
+        if existing is not None:
+            if existing.data.get("successor_action_id") != req.successor_action_id:
+                raise ContractError(
+                    409, "already_superseded",
+                    f"the predecessor is already superseded by action "
+                    f"{existing.data.get('successor_action_id')!r}; one successor per "
+                    "uncertain outcome", {"successor": existing.to_wire()})
+            return existing, resolution, False
+        data = {"crew_id": req.crew_id, "successor_action_id": req.successor_action_id,
+                "recorded_at": utc_now()}
+        try:
+            event = self.journal.append_successor(req.action_id, data)
+        except JournalFull as exc:
+            raise JournalUnavailable(str(exc), full=True) from None
+        except PersistError:
+            raise JournalUnavailable("the journal could not persist the successor claim",
+                                     full=False) from None
+        log.info("superseded", extra={"action_id": req.action_id, "crew_id": req.crew_id})
+        self._notify(req.action_id)
+        return event, resolution, True
 
     # --- lifecycle -------------------------------------------------------------------------
     @property

@@ -9,7 +9,11 @@ Invariants kept here (each named where it is decided):
   and turn the ``OutcomeUncertain`` condition False with reason ``Resolved``;
 - *level-triggered*: :func:`decide` looks only at the object as it is now, so a decision
   interrupted halfway (operator restart, a concurrent status write that clobbered the
-  conditions) is simply taken again.
+  conditions) is simply taken again;
+- *the journal's finding wins*: a resolution is journaled once on the replica that ran the
+  job; when a re-applied CrewJob's ``spec.resolution`` disagrees with it, the status mirrors
+  the journaled finding and a ``ResolutionConflict`` condition says so (:func:`conflict_patch`);
+  nothing else changes, and nothing is retried.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ RESOLVED_CONDITION: Final = "Resolved"
 UNCERTAIN_CONDITION: Final = "OutcomeUncertain"
 REASON_RESOLVED: Final = "Resolved"
 REASON_IGNORED: Final = "ResolutionIgnored"
+CONFLICT_CONDITION: Final = "ResolutionConflict"
+REASON_JOURNAL_DISAGREES: Final = "JournalDisagrees"
 FIELD_MANAGER: Final = "kubectl-crewfence"
 
 
@@ -183,8 +189,9 @@ def accepted_patch(status: Mapping[str, Any], resolution: Resolution, *, resolve
     """The status patch accepting a resolution (invariant: a finding, not a rewrite)."""
     accepted = status.get("resolution") if isinstance(status.get("resolution"), Mapping) \
         else None
-    if accepted and resolution.matches(accepted):
-        record = dict(accepted)  # REFRESH: keep who/when/journal as first written
+    if accepted and (resolution.matches(accepted) or conflict_shown(status)):
+        record = dict(accepted)  # REFRESH: keep who/when/journal (the journal's) as written
+        resolution = Resolution.from_spec(accepted) or resolution
     else:
         record = {
             "outcome": resolution.outcome.value, "note": resolution.note,
@@ -203,6 +210,63 @@ def accepted_patch(status: Mapping[str, Any], resolution: Resolution, *, resolve
               now),
     ], generation)
     return {"resolution": record, "conditions": conditions, "observedGeneration": generation}
+
+
+def conflict_shown(status: Mapping[str, Any]) -> bool:
+    cond = _condition(status, CONFLICT_CONDITION)
+    return cond is not None and cond.get("status") == "True"
+
+
+def from_journal(data: Mapping[str, Any]) -> Resolution | None:
+    """The finding in a journaled ``resolution`` event's data."""
+    return Resolution.from_spec(data)
+
+
+def conflict_patch(status: Mapping[str, Any], journaled: Mapping[str, Any], *, sequence: int,
+                   spec_resolution: Resolution, generation: int, now: str) -> dict[str, Any]:
+    """``spec.resolution`` disagrees with the finding the journal holds (a re-applied
+    manifest): the status mirrors the journal's finding, ``ResolutionConflict=True`` says
+    which disagrees with which, and nothing else changes (invariant: the journal's finding
+    wins)."""
+    found = from_journal(journaled)
+    outcome = found.outcome.value if found else str(journaled.get("outcome"))
+    record = {
+        "outcome": outcome, "note": str(journaled.get("note") or ""),
+        "evidence": [str(e) for e in journaled.get("evidence") or []],
+        "resolvedBy": str(journaled.get("resolved_by") or "unknown"),
+        "resolvedAt": str(journaled.get("recorded_at") or now),
+        "previousReason": str((status.get("resolution") or {}).get("previousReason")
+                              or previous_reason(status)),
+        "journal": {"state": JournalState.JOURNALED.value, "sequence": sequence,
+                    "message": "the journal holds this finding; spec.resolution disagrees"},
+    }
+    message = (f"spec.resolution says {spec_resolution.outcome.value} but the journal of "
+               f"record holds {outcome} (journal event {sequence}, by "
+               f"{record['resolvedBy']}); a resolution is written once: the journal's "
+               "finding stands and nothing was changed")
+    settled = f"resolved {outcome} by {record['resolvedBy']}: {record['note']}"
+    conditions = _replace_conditions(status, [
+        _cond(status, UNCERTAIN_CONDITION, False, REASON_RESOLVED, settled, generation, now),
+        _cond(status, RESOLVED_CONDITION, True, outcome, settled, generation, now),
+        _cond(status, CONFLICT_CONDITION, True, REASON_JOURNAL_DISAGREES, message, generation,
+              now),
+    ], generation)
+    return {"resolution": record, "conditions": conditions, "observedGeneration": generation}
+
+
+def journaled_patch(data: Mapping[str, Any], *, sequence: int, ordinal: object,
+                    successor: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The journal took (or already held) this finding: mirror who wrote it first, the
+    event's sequence, and the journaled successor claim (``status.supersededBy``) when there
+    is one (a re-applied predecessor's status then shows it again)."""
+    patch: dict[str, Any] = journal_patch(
+        JournalState.JOURNALED, sequence=sequence,
+        message=f"journaled on replica {ordinal} as event {sequence}")
+    if data.get("resolved_by"):
+        patch["resolution"]["resolvedBy"] = str(data["resolved_by"])
+    if successor and successor.get("successor_action_id"):
+        patch["supersededBy"] = {"actionId": str(successor["successor_action_id"])}
+    return patch
 
 
 def ignored_patch(status: Mapping[str, Any], message: str, *, generation: int,

@@ -10,6 +10,13 @@ Invariants kept here:
   job refuses every other successor (the claim itself is written with the predecessor's
   resourceVersion, so two successors racing cannot both win);
 - *a successor is new work*: it must carry a different action id than its predecessor.
+
+:func:`decide` reads the predecessor's status: it is the plugin's early answer (``kubectl
+crewfence rerun``) and the first look of the operator's gate. The operator admits a successor
+only on the journal's word (:func:`precheck` then :func:`from_journal`): the predecessor's
+resolution and its one-successor claim are journal facts on the replica that ran it, written
+once, so deleting and re-applying the predecessor (a new, empty status, a different
+``spec.resolution``: CEL transition rules do not run on create) cannot change the answer.
 """
 
 from __future__ import annotations
@@ -66,10 +73,12 @@ def decide(*, successor_name: str, successor_action_id: str,
                             "predecessor's action id")
     status = predecessor.get("status") or {}
     taken = status.get("supersededBy") or {}
-    if taken.get("name") and taken.get("name") != successor_name:
+    if (taken.get("name") or taken.get("actionId")) and taken.get("name") != successor_name \
+            and taken.get("actionId") != successor_action_id:
         return GateDecision(Gate.REFUSE, "already_superseded",
                             f"CrewJob {predecessor_name!r} is already superseded by "
-                            f"{taken.get('name')!r}; one successor per uncertain outcome")
+                            f"{taken.get('name') or taken.get('actionId')!r}; one successor "
+                            "per uncertain outcome")
     phase = str(status.get("phase") or "Pending")
     if phase not in TERMINAL_PHASES:
         return GateDecision(Gate.WAIT, "predecessor_not_finished",
@@ -111,3 +120,94 @@ def claim_patch(predecessor: Mapping[str, Any], *, successor_name: str,
                          .get("resourceVersion")},
             "status": {"supersededBy": {"name": successor_name,
                                         "actionId": successor_action_id}}}
+
+
+# --- the journal's word (the operator's gate) ---------------------------------------------------
+def precheck(*, successor_name: str, successor_action_id: str,
+             predecessor: Mapping[str, Any] | None, predecessor_name: str,
+             predecessor_action_id: str) -> GateDecision | None:
+    """What is decided before the journal is asked (None: ask it). Only refusals that need no
+    fact (itself, the same action id) and waits (the predecessor still runs): nothing here
+    admits a successor."""
+    if predecessor_name == successor_name:
+        return GateDecision(Gate.REFUSE, "supersedes_self", "a CrewJob cannot supersede itself")
+    if predecessor_action_id == successor_action_id:
+        return GateDecision(Gate.REFUSE, "supersedes_same_action",
+                            "a successor must run under a new action id; this one has its "
+                            "predecessor's action id")
+    if predecessor is not None:
+        phase = str((predecessor.get("status") or {}).get("phase") or "Pending")
+        if phase not in TERMINAL_PHASES:
+            return GateDecision(Gate.WAIT, "predecessor_not_finished",
+                                f"predecessor {predecessor_name!r} is {phase}; a successor "
+                                "waits until its outcome is known and resolved")
+    return None
+
+
+class Answer(StrEnum):
+    CLAIMED = "Claimed"
+    REFUSED = "Refused"
+    NOT_FOUND = "NotFound"
+    ARCHIVED = "Archived"
+    UNREACHABLE = "Unreachable"
+
+
+@dataclass(frozen=True)
+class JournalAnswer:
+    """One replica's answer to ``POST /jobs/{predecessor}/successor``."""
+
+    ordinal: int
+    answer: Answer
+    code: str = ""
+    message: str = ""
+    outcome: str = ""
+    """The journaled resolution's outcome (CLAIMED)."""
+
+
+_REFUSALS: Final = {
+    "happened": (Gate.REFUSE, "predecessor_happened"),
+    "already_superseded": (Gate.REFUSE, "already_superseded"),
+    "not_uncertain": (Gate.REFUSE, "predecessor_not_uncertain"),
+    "unresolved": (Gate.WAIT, "predecessor_unresolved"),
+    "job_running": (Gate.WAIT, "predecessor_not_finished"),
+}
+
+
+def from_journal(answers: list[JournalAnswer], *, predecessor_name: str,
+                 predecessor_action_id: str, crew: str) -> GateDecision:
+    """The gate's decision from the replicas' answers (invariant: only a journaled claim
+    admits; the journal's refusal is final; a journal that cannot say waits; a record the
+    journal archived refuses: its facts are no longer there to admit on)."""
+    for a in answers:
+        if a.answer is Answer.CLAIMED:
+            return GateDecision(Gate.PROCEED, "predecessor_resolved",
+                                f"predecessor {predecessor_name!r} was resolved {a.outcome}; "
+                                f"its journal (replica {a.ordinal}) holds this successor's "
+                                "claim")
+    for a in answers:
+        if a.answer is Answer.REFUSED:
+            gate, code = _REFUSALS.get(a.code, (Gate.WAIT, "predecessor_journal_refused"))
+            hint = (" resolve it first (kubectl crewfence resolve "
+                    f"{predecessor_name} --not-happened|--compensated --note ...)"
+                    if code == "predecessor_unresolved" else "")
+            return GateDecision(gate, code,
+                                f"the journal of predecessor {predecessor_name!r} (replica "
+                                f"{a.ordinal}) answers: {a.message}.{hint}")
+    for a in answers:
+        if a.answer is Answer.ARCHIVED:
+            return GateDecision(Gate.REFUSE, "predecessor_archived",
+                                f"the record of predecessor {predecessor_name!r} was archived "
+                                f"on replica {a.ordinal}: its resolution and successor claim "
+                                "are no longer in a journal, so no successor is admitted "
+                                "(at most once wins)")
+    silent = [a for a in answers if a.answer is Answer.UNREACHABLE]
+    if silent:
+        return GateDecision(Gate.WAIT, "predecessor_journal_unreachable",
+                            f"replica(s) {', '.join(str(a.ordinal) for a in silent)} of Crew "
+                            f"{crew!r} may hold the journal of predecessor "
+                            f"{predecessor_name!r} and cannot answer ({silent[0].message}); "
+                            "waiting")
+    return GateDecision(Gate.WAIT, "predecessor_not_journaled",
+                        f"no replica of Crew {crew!r} holds action {predecessor_action_id!r} "
+                        f"of predecessor {predecessor_name!r}; a successor is admitted only "
+                        "on the word of the journal that ran it; waiting")

@@ -158,7 +158,7 @@ class JobDriver:
         claim_exists = await self._assigned_claim_exists(crew_view)
         gate = OPEN_GATE
         if self.rt.gate is not None and not self.status.get("assignment") and not deleting:
-            gate = await self.rt.gate(self.body)
+            gate = await self.rt.gate(self.body, self.rt)
         return Observation(
             namespace=self.namespace, name=self.name,
             generation=int(self.body["metadata"].get("generation") or 1), spec=spec,

@@ -6,7 +6,15 @@ the sidecar. The other half, the gate of a successor (``spec.supersedes``), is
 Level-triggered on purpose: one ``on.event`` handler looks at every CrewJob event and carries
 out whatever :func:`resolution.decide` says now, so an interrupted step (operator restart, a
 concurrent status write) is taken again on the next event, and a resolution that arrives
-with a re-applied manifest applies as soon as the job's outcome turns uncertain.
+with a re-applied manifest applies as soon as the job's outcome turns uncertain. kopf never
+retries an ``on.event`` handler, so a timer (``crewjob-resolution-retry``) runs the same step
+every ``TIMER_SECONDS`` while :func:`resolution.decide` says there is something to do: a
+step that failed on a transient API error is taken again without waiting for another event
+(and kopf retries the timer's own errors).
+
+The journal's answer is final: an exact repeat (the same finding, whoever re-sent it) is
+``Journaled``; a different finding (a re-applied manifest) is mirrored from the journal with a
+``ResolutionConflict`` condition, never retried.
 """
 
 from __future__ import annotations
@@ -35,6 +43,8 @@ JOURNAL_ATTEMPTS = 4
 JOURNAL_BACKOFF_SECONDS = 1.0
 RETRY_SECONDS = 30.0
 """After the attempts failed: look again this much later (in this process), until journaled."""
+TIMER_SECONDS = 10.0
+"""How often the retry timer takes a pending step again (only while there is one)."""
 _retries: dict[tuple[str, str], asyncio.Task[None]] = {}
 
 
@@ -91,10 +101,44 @@ async def crewjob_resolution(event: Mapping[str, Any], memo: kopf.Memo, **_: Any
     await carry_out(obj, runtime_of(memo))
 
 
+def has_a_step(spec: Mapping[str, Any], status: Mapping[str, Any], meta: Mapping[str, Any],
+               **_: Any) -> bool:
+    """The timer's filter: a resolution step is due now (not done, not waiting for the job)."""
+    if meta.get("deletionTimestamp") or not spec.get("resolution"):
+        return False
+    step = res.decide(spec, status, int(meta.get("generation") or 1)).step
+    return step not in (res.Step.NOTHING, res.Step.WAIT)
+
+
+@kopf.on.timer(c.GROUP, c.VERSION, c.CREWJOB_PLURAL, id="crewjob-resolution-retry",
+               interval=TIMER_SECONDS, initial_delay=TIMER_SECONDS,
+               backoff=TIMER_SECONDS, when=has_a_step)
+async def crewjob_resolution_retry(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """The retry of :func:`crewjob_resolution` (see the module docstring): errors raise, so
+    kopf retries them."""
+    await carry_out(body, runtime_of(memo))
+
+
 async def carry_out(obj: Mapping[str, Any], runtime: Runtime) -> None:
     """One step of :func:`res.decide` (and the journal write that may follow an accept).
     ``runtime`` is the per-operator state (kopf memo) the CrewJob handler uses: its HTTP
-    session serves the journal write too."""
+    session serves the journal write too. One step at a time per CrewJob (the event handler
+    and the timer may fire together); the object is read again under the lock when another
+    step ran meanwhile."""
+    meta = obj["metadata"]
+    lock = runtime.resolution_lock(str(meta["namespace"]), str(meta["name"]))
+    waited = lock.locked()
+    async with lock:
+        if waited:
+            fresh = await asyncio.to_thread(_get_crewjob_blocking, str(meta["namespace"]),
+                                            str(meta["name"]))
+            if fresh is None or (fresh.get("metadata") or {}).get("deletionTimestamp"):
+                return
+            obj = fresh
+        await _carry_out(obj, runtime)
+
+
+async def _carry_out(obj: Mapping[str, Any], runtime: Runtime) -> None:
     meta, spec = obj["metadata"], obj.get("spec") or {}
     status = dict(obj.get("status") or {})
     namespace, name = str(meta["namespace"]), str(meta["name"])
@@ -148,7 +192,7 @@ async def journal(obj: Mapping[str, Any], resolution: res.Resolution, *, resolve
             try:
                 client = await _client(runtime, crew=(namespace, crew_name), replica=replica,
                                        token=token)
-                event = await client.resolve(request)
+                answer = await client.resolve(request)
             except SidecarFailure as exc:
                 metrics.observe_sidecar_failure(exc.category.value)
                 why = str(exc)
@@ -158,9 +202,24 @@ async def journal(obj: Mapping[str, Any], resolution: res.Resolution, *, resolve
                         message=f"the journal no longer holds the record: {exc.message}"))
                     return
             else:
-                await _patch_status(namespace, name, res.journal_patch(
-                    res.JournalState.JOURNALED, sequence=event.sequence,
-                    message=f"journaled on replica {ordinal} as event {event.sequence}"))
+                event = answer.event
+                if answer.conflict:
+                    # Invariant: the journal's finding wins; say so, change nothing, no retry.
+                    current = await asyncio.to_thread(_get_crewjob_blocking, namespace, name)
+                    latest = (current or obj).get("status") or status
+                    patch = res.conflict_patch(
+                        latest, event.data, sequence=event.sequence, spec_resolution=resolution,
+                        generation=int(meta.get("generation") or 1), now=now_iso())
+                    if await _patch_status(namespace, name, patch):
+                        kopf.warn(as_body(obj), reason=res.CONFLICT_CONDITION,
+                                  message=next(cond["message"] for cond in patch["conditions"]
+                                               if cond["type"] == res.CONFLICT_CONDITION))
+                    log.warning("crewjob %s/%s: spec.resolution disagrees with the journaled "
+                                "one (event %s)", namespace, name, event.sequence)
+                    return
+                await _patch_status(namespace, name, res.journaled_patch(
+                    event.data, sequence=event.sequence, ordinal=ordinal,
+                    successor=answer.successor.data if answer.successor else None))
                 log.info("crewjob %s/%s: resolution journaled (event %s)", namespace, name,
                          event.sequence)
                 return
