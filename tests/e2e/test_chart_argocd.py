@@ -23,6 +23,7 @@ ARGO_FILES = CHART / "files" / "argocd"
 KEYS = {
     "resource.customizations.health.crewfence.dev_CrewJob": "crewjob-health.lua",
     "resource.customizations.health.crewfence.dev_Crew": "crew-health.lua",
+    "resource.customizations.health.crewfence.dev_CrewCronJob": "crewcronjob-health.lua",
 }
 
 

@@ -190,7 +190,7 @@ def test_resolve_supersede_and_see_it_everywhere(cluster: Cluster, ns: str, tmp_
     explained = kubectl_plugin(cluster, plugin, "explain", "unsure", "-n", ns)
     assert explained.returncode == 0, explained.stderr
     assert "UNCERTAIN (SidecarRestarted)" in explained.stdout
-    assert "#1 failed reason=sidecar_restarted" in explained.stdout  # the sidecar's record
+    assert "failed (sidecar_restarted), outcome UNCERTAIN" in explained.stdout  # its record
     # ... asked the way the operator asks: mutual TLS, the replica's name verified
     assert "over mutual TLS with the Crew's client certificate, verified as " \
         f"research-0.research.{ns}.svc" in explained.stdout

@@ -66,7 +66,8 @@ def event_line(event: Mapping[str, Any]) -> str:
         what = f"resolution {data.get('outcome')}: {data.get('note')}"
     elif name in (EventName.COMPLETED, EventName.FAILED, EventName.CANCELLED):
         error = data.get("error") if isinstance(data.get("error"), Mapping) else None
-        why = f" ({error.get('code')})" if error else ""
+        code = error.get("code") if error else data.get("reason")
+        why = f" ({code})" if code else ""
         uncertain = ", outcome UNCERTAIN" if data.get("uncertain_outcome") else ""
         what = f"{name}{why}{uncertain}"
     else:

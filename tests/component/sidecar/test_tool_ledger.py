@@ -208,7 +208,7 @@ def test_a_sigkilled_sidecar_leaves_exactly_the_call_in_flight_in_doubt(
     assert summary.in_doubt[0].tool == "tickets/create_ticket"
     assert summary.in_doubt[0].task == "file"
     message = summary.in_doubt_message()
-    assert message.startswith("1 tool call in doubt: `tickets/create_ticket` (server tickets)")
+    assert message.startswith("1 tool call in doubt: `create_ticket` (server tickets)")
     assert seen[0]["meta_key"] in message
 
 
