@@ -42,6 +42,13 @@ I7  A terminal record's ``status.effects`` / ``status.usage`` come only from eve
     says none was in flight; after ``effects.MAX_READS`` failed reads it says they are unknown
     (``tests/unit/operator_crewjob/test_effects.py``).
 
+I8  Held means never admitted. While :class:`Hold` holds the job (``spec.suspend``, or a Kueue
+    Workload not admitted: ``handlers/kueue.py`` turns the Workload into this input), nothing
+    is dispatched: phase Pending, condition ``Suspended=True``. The probe still runs first (I6:
+    an action found anywhere is attached to, not admitted again). An eviction of an assigned
+    job is a cancel on the sidecar (like ``spec.cancel``), reported in ``status.cancellation``;
+    the job is never re-admitted under the same action id.
+
 The admission gate: :class:`Gate` is the one place where a "wait: predecessor not resolved"
 check (``spec.supersedes``) plugs in; it is consulted only before the first admission.
 """
@@ -121,6 +128,29 @@ class Gate:
 OPEN_GATE: Final = Gate()
 
 
+class HoldReason:
+    SUSPENDED = "Suspended"
+    """``spec.suspend: true``."""
+    WAITING_FOR_WORKLOAD = "WaitingForWorkload"
+    """Labelled for a Kueue queue: its Workload is missing or not admitted."""
+
+
+@dataclass(frozen=True)
+class Hold:
+    """Whether the job is held back from admission, and whether a queue evicted it."""
+
+    held: bool = False
+    reason: str = HoldReason.SUSPENDED
+    message: str = ""
+    evicted: str | None = None
+    """A queue's eviction message: an assigned job is cancelled on the sidecar (I8)."""
+    queued: bool = False
+    """The job is managed by a queue (it had or has a Workload): ``Suspended`` is shown."""
+
+
+NO_HOLD: Final = Hold()
+
+
 @dataclass(frozen=True)
 class CrewView:
     """The Crew as the machine needs it: every replica that may hold a journal."""
@@ -189,6 +219,7 @@ class Observation:
     """Epoch seconds."""
     deleting: bool = False
     gate: Gate = OPEN_GATE
+    hold: Hold = NO_HOLD
     settings: MachineSettings = field(default_factory=MachineSettings)
     assigned_claim_exists: bool | None = None
     """Whether the assigned state claim object exists, read only while the Crew does not list
@@ -350,8 +381,33 @@ class _Ctx:
     def _status_ctx(self) -> StatusContext:
         action_id = (self.obs.spec.action_id if isinstance(self.obs.spec, JobSpec)
                      else f"{self.obs.namespace}/{self.obs.name}")
+        cancel = isinstance(self.obs.spec, JobSpec) and self.obs.spec.cancel
         return StatusContext(generation=self.obs.generation, action_id=action_id,
-                             previous_conditions=list(self.obs.status.get("conditions") or []))
+                             previous_conditions=list(self.obs.status.get("conditions") or []),
+                             cancel_requested=cancel,
+                             extra_conditions=self.suspended_condition())
+
+    def suspended_condition(self) -> tuple[dict[str, str], ...]:
+        """I8: ``Suspended`` while held before admission; once shown, it stays (False)."""
+        hold = self.obs.hold
+        shown = hold.queued or any(c.get("type") == "Suspended"
+                                   for c in self.obs.status.get("conditions") or [])
+        if hold.held and self.known.assignment is None:
+            return ({"type": "Suspended", "status": "True", "reason": hold.reason,
+                     "message": hold.message},)
+        if hold.evicted:
+            return ({"type": "Suspended", "status": "False", "reason": "Evicted",
+                     "message": hold.evicted},)
+        if shown:
+            return ({"type": "Suspended", "status": "False", "reason": "Admitted",
+                     "message": "admitted: no longer held"},)
+        return ()
+
+    @property
+    def stop_wanted(self) -> bool:
+        """``spec.cancel``, or a queue's eviction (I8): the sidecar must hear a cancel."""
+        return (isinstance(self.obs.spec, JobSpec) and self.obs.spec.cancel) \
+            or bool(self.obs.hold.evicted)
 
     def decision(self, step: Step, patch: dict[str, Any] | None = None,
                  warning: Warning_ | None = None, **memory: Any) -> Decision:
@@ -434,8 +490,10 @@ class _Ctx:
 
     def cancellation_now(self) -> Cancellation:
         c = Cancellation.from_status(self.obs.status.get("cancellation"))
-        if isinstance(self.obs.spec, JobSpec) and self.spec.cancel:
+        if self.stop_wanted:
             c.requested = True
+        if self.obs.hold.evicted and not c.message:
+            c.message = f"evicted by its queue: {self.obs.hold.evicted}"[:1024]
         if self.mem.cancel_confirmed:
             c.dispatched = True
             c.remote_stop_confirmed = True
@@ -504,6 +562,9 @@ def _before_admission(ctx: _Ctx) -> Decision:
         return ctx.finish(obs.gate.refusal)
     if not obs.gate.open:
         return ctx.wait(s.retry_seconds, Phase.PENDING, obs.gate.reason, obs.gate.message)
+    if obs.hold.held:  # I8
+        return ctx.wait(s.retry_seconds, Phase.PENDING, obs.hold.reason,
+                        obs.hold.message or "held: nothing is admitted")
     journals = {r.ordinal: _journal_of(r, probes.get(r.ordinal)) for r in crew.replicas}
     full = _still_full(ctx, journals)
     eligible = [r for r in crew.replicas
@@ -823,7 +884,7 @@ def _after_lookup(ctx: _Ctx, a: Assignment, replica: Replica, lookup: Lookup) ->
     # until a terminal record decides, see I2).
     settled = ctx.known.uncertain and ctx.known.reason == Reason.ANSWER_LOST.value
     recovered = settled or ctx.known.reason in _TROUBLE
-    wants_cancel = spec.cancel and not ctx.mem.cancel_confirmed
+    wants_cancel = ctx.stop_wanted and not ctx.mem.cancel_confirmed
     if wants_cancel:
         # (after a failed cancel the backoff wait already happened: this is the retry)
         cancellation = ctx.cancellation_now()
@@ -834,8 +895,9 @@ def _after_lookup(ctx: _Ctx, a: Assignment, replica: Replica, lookup: Lookup) ->
                                 f"cancel sent to replica {replica.label}",
                                 extra={"cancellation": cancellation.to_status()},
                                 keep_uncertain=not settled)
-        return ctx.decision(Cancel(replica, "spec.cancel set on the CrewJob"), patch,
-                            lookup=None)
+        why = (f"evicted by its queue: {ctx.obs.hold.evicted}" if ctx.obs.hold.evicted
+               and not spec.cancel else "spec.cancel set on the CrewJob")
+        return ctx.decision(Cancel(replica, why[:500]), patch, lookup=None)
     if ctx.mem.stream_invalid:
         return ctx.decision(Wait(s.poll_seconds, Reason.INVALID_STREAM.value), None, lookup=None)
     patch = None
@@ -859,7 +921,7 @@ def _not_known(ctx: _Ctx, a: Assignment, replica: Replica) -> Decision:
         return ctx.finish(outcome.uncertain(
             Reason.JOURNAL_LOST, FailureCategory.CONNECTOR, "record_missing",
             f"the assigned replica {replica.label} no longer knows the action"))
-    if spec.cancel:
+    if ctx.stop_wanted:
         if _within_settle(ctx):
             return ctx.wait(s.retry_seconds, Phase.RUNNING, Reason.CANCEL_PENDING,
                             f"cancel requested; replica {replica.label} does not hold the action "

@@ -49,7 +49,12 @@ from crewfence_operator.crewjob.outcome import Phase
 from crewfence_operator.crewjob.output import CONFIGMAP_KEY, foreign_configmap_note
 from crewfence_operator.crewjob.replicas import Replica, parse_replicas
 from crewfence_operator.crewjob.spec import JobSpec, SpecError
-from crewfence_operator.crewjob.status import Cancellation, Progress
+from crewfence_operator.crewjob.status import (
+    Cancellation,
+    Progress,
+    now_iso,
+    restamped_conditions,
+)
 from crewfence_operator.runtime import KubeIO, ObjectGone, Runtime, runtime_of
 from crewfence_operator.sidecar_client import (
     Endpoint,
@@ -465,8 +470,9 @@ async def acknowledge_late_spec_change(obj: Mapping[str, Any]) -> None:
     generation = int(meta["generation"])
     patch: dict[str, Any] = {
         "observedGeneration": generation,
-        "conditions": [{**cond, "observedGeneration": generation}
-                       for cond in status.get("conditions") or []],
+        "conditions": restamped_conditions(
+            status, generation=generation,
+            cancel_requested=bool((obj.get("spec") or {}).get("cancel")), now=now_iso()),
     }
     if (obj.get("spec") or {}).get("cancel") and not (status.get("cancellation") or {}).get(
             "requested"):
