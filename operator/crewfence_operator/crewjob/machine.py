@@ -915,7 +915,7 @@ _TROUBLE: Final = frozenset({Reason.REPLICA_UNAVAILABLE.value, Reason.REPLICA_DR
 
 def _not_known(ctx: _Ctx, a: Assignment, replica: Replica) -> Decision:
     """The assigned replica (same journal) does not hold the action."""
-    s, spec = ctx.settings, ctx.spec
+    s = ctx.settings
     ctx.mem = replace(ctx.mem, lookup=None)
     if ctx.mem.admitted or ctx.known.started:
         return ctx.finish(outcome.uncertain(

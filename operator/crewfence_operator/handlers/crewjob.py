@@ -29,6 +29,7 @@ from crewfence_operator import metrics
 from crewfence_operator.crewjob import machine, outcome
 from crewfence_operator.crewjob.effects import EffectLog
 from crewfence_operator.crewjob.machine import (
+    NO_HOLD,
     OPEN_GATE,
     Admit,
     Cancel,
@@ -144,7 +145,9 @@ class JobDriver:
 
     @property
     def cancel_requested(self) -> bool:
-        return bool((self.body.get("spec") or {}).get("cancel"))
+        """spec.cancel, or an eviction seen by the Workload watch (machine I8)."""
+        return bool((self.body.get("spec") or {}).get("cancel")) or \
+            self.uid in self.rt.evictions
 
     def _remember(self, memory: Memory) -> None:
         self.memory = memory
@@ -164,11 +167,17 @@ class JobDriver:
         gate = OPEN_GATE
         if self.rt.gate is not None and not self.status.get("assignment") and not deleting:
             gate = await self.rt.gate(self.body)
+        hold = NO_HOLD
+        if self.rt.hold is not None and not deleting:
+            hold = await self.rt.hold(self.body, self.status)
+            evicted = self.rt.evictions.get(self.uid)
+            if evicted and self.status.get("assignment") and not hold.evicted:
+                hold = replace(hold, evicted=evicted)  # the watch saw it first
         return Observation(
             namespace=self.namespace, name=self.name,
             generation=int(self.body["metadata"].get("generation") or 1), spec=spec,
             status=self.status, crew=crew_view, memory=self.memory, now=time.time(),
-            deleting=deleting, gate=gate, settings=self.settings.machine,
+            deleting=deleting, gate=gate, hold=hold, settings=self.settings.machine,
             assigned_claim_exists=claim_exists)
 
     async def _assigned_claim_exists(self, crew_view: CrewView | None) -> bool | None:
