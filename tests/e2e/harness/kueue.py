@@ -199,7 +199,9 @@ class Kueue:
         (home / "config.yaml").write_text(json.dumps(config, indent=2))
         self.health_file.write_text(str(health))
         procs.spawn(NAME, [str(root / "bin" / BINARY), f"--config={home / 'config.yaml'}",
-                           f"--kubeconfig={kubeconfig}", "--zap-log-level=2"],
+                           f"--kubeconfig={kubeconfig}", "--zap-log-level=2",
+                           # its visibility API server wants serving certs of its own
+                           "--feature-gates=VisibilityOnDemand=false"],
                     log=self.log_path, pidfile=self.pidfile, cwd=home)
 
     def ready(self) -> bool:
