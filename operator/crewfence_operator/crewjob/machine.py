@@ -492,13 +492,18 @@ class _Ctx:
         c = Cancellation.from_status(self.obs.status.get("cancellation"))
         if self.stop_wanted:
             c.requested = True
-        if self.obs.hold.evicted and not c.message:
-            c.message = f"evicted by its queue: {self.obs.hold.evicted}"[:1024]
         if self.mem.cancel_confirmed:
             c.dispatched = True
             c.remote_stop_confirmed = True
             c.message = ("the sidecar's cancel route answered success; this is not proof that "
                          "the provider stopped")
+        evicted = self.obs.hold.evicted
+        if evicted and not (isinstance(self.obs.spec, JobSpec) and self.obs.spec.cancel):
+            # I8: say who asked for the cancel (its queue), whatever the sidecar answered.
+            note = f"evicted by its queue ({evicted})"
+            if not (c.message or "").startswith("evicted by its queue"):
+                c.message = f"{note}; {c.message}" if c.message else note
+            c.message = c.message[:1024]
         return c
 
     def assignment_status(self, a: Assignment) -> dict[str, Any]:
