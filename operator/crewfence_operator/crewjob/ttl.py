@@ -26,10 +26,11 @@ from crewfence_operator.crewjob.outcome import TERMINAL_PHASES
 def _parse(raw: object) -> float | None:
     if not isinstance(raw, str) or not raw:
         return None
-    try:
-        return datetime.strptime(raw, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+    try:  # the sidecar's record times carry milliseconds; the operator's do not
+        moment = datetime.fromisoformat(raw.replace("Z", "+00:00"))
     except ValueError:
         return None
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
 
 
 def ttl_seconds(spec: Mapping[str, Any], crew_spec: Mapping[str, Any] | None) -> int | None:
