@@ -36,7 +36,7 @@ from crewfence_sidecar.contract import FailureCategory
 from harness import kstatus
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gitops"))
-from test_flux_health_exprs import flux_status  # noqa: E402
+from test_flux_health_exprs import flux_status
 
 NOW = "2026-12-01T21:00:00Z"
 

@@ -501,9 +501,10 @@ class _Ctx:
         if evicted and not (isinstance(self.obs.spec, JobSpec) and self.obs.spec.cancel):
             # I8: say who asked for the cancel (its queue), whatever the sidecar answered.
             note = f"evicted by its queue ({evicted})"
-            if not (c.message or "").startswith("evicted by its queue"):
-                c.message = f"{note}; {c.message}" if c.message else note
-            c.message = c.message[:1024]
+            message = c.message or ""
+            if not message.startswith("evicted by its queue"):
+                message = f"{note}; {message}" if message else note
+            c.message = message[:1024]
         return c
 
     def assignment_status(self, a: Assignment) -> dict[str, Any]:
