@@ -1,17 +1,29 @@
-"""spec.suspend and spec.managedBy as the real API server enforces them (crds/crewjob.yaml CEL).
+"""spec.suspend and spec.managedBy as the real API server enforces them (crds/crewjob.yaml CEL),
+and a suspended CrewJob under the operator (held unadmitted, admitted when resumed).
 
 The root rule sees status: once ``status.assignment`` exists (written before the admission
 leaves, crewjob/machine.py I1) the job was admitted and ``suspend`` may not become true; the
-message says to use spec.cancel. Before that, suspend may go both ways. No operator runs here:
-the status is written by hand, as the operator would.
+message says to use spec.cancel. Before that, suspend may go both ways. The first two tests run
+no operator: the status is written by hand, as the operator would.
 """
 
 from __future__ import annotations
 
 import json
 
+from crewjob_support import (
+    apply_obj,
+    condition,
+    crewjob_manifest,
+    get_job,
+    research_crew,
+    sidecar_record,
+    wait_crew_ready,
+    wait_for,
+    wait_phase,
+)
 from harness import controlplane
-from harness.handles import Cluster
+from harness.handles import Cluster, Operator
 
 
 def _job(namespace: str, name: str, **spec: object) -> dict[str, object]:
@@ -54,3 +66,30 @@ def test_managed_by_is_reserved(cluster: Cluster, namespace: str) -> None:
         _job(namespace, "multi", managedBy="kueue.x-k8s.io/multikueue")))
     assert result.returncode != 0
     assert "reserved" in result.stderr and "MultiKueue" in result.stderr
+
+
+def test_a_suspended_crewjob_waits_unadmitted_and_resuming_admits_it(
+        cluster: Cluster, operator_process: Operator, namespace: str) -> None:
+    assert apply_obj(cluster, research_crew(1), namespace).returncode == 0
+    wait_crew_ready(cluster, namespace, "research", 1)
+    assert apply_obj(cluster, crewjob_manifest("later", "run", {"topic": "held"},
+                                               suspend=True), namespace).returncode == 0
+
+    def held() -> dict[str, object] | None:
+        obj = get_job(cluster, namespace, "later") or {}
+        cond = condition(obj, "Suspended")
+        return obj if cond is not None and cond["status"] == "True" else None
+
+    obj = wait_for(held, timeout=60, what="the suspended CrewJob to say Suspended=True")
+    status = obj["status"]
+    assert (status["phase"], status["reason"]) == ("Pending", "Suspended")
+    assert "assignment" not in status
+    code, _ = sidecar_record(cluster, namespace, "research", 0, f"{namespace}/later")
+    assert code == 404  # nothing was admitted
+    assert _patch(cluster, namespace, "later", {"spec": {"suspend": False}})[0] == 0
+    done = wait_phase(cluster, namespace, "later")
+    assert done["status"]["phase"] == "Succeeded", json.dumps(done["status"])
+    suspended = condition(done, "Suspended")
+    assert suspended is not None and suspended["status"] == "False"
+    rc, err = _patch(cluster, namespace, "later", {"spec": {"suspend": True}})
+    assert rc != 0 and "spec.cancel" in err
