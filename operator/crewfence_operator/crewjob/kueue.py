@@ -31,6 +31,8 @@ GROUP: Final = "kueue.x-k8s.io"
 VERSION: Final = "v1beta2"
 PLURAL: Final = "workloads"
 QUEUE_LABEL: Final = "kueue.x-k8s.io/queue-name"
+JOB_UID_LABEL: Final = "kueue.x-k8s.io/job-uid"
+"""Kueue's label naming the source job's uid on its Workload (its troubleshooting guide)."""
 PRIORITY_CLASS_LABEL: Final = "kueue.x-k8s.io/priority-class"
 RESOURCE: Final = "crewfence.dev/crewjobs"
 """The resource one running CrewJob of a Crew stands for (quota it in a ClusterQueue)."""
@@ -147,7 +149,8 @@ def workload_body(job: Mapping[str, Any], crew_spec: Mapping[str, Any] | None, *
             "name": workload_name(str(meta["name"]), str(meta["uid"])),
             "namespace": meta["namespace"],
             "labels": {"app.kubernetes.io/managed-by": "crewfence",
-                       "crewfence.dev/crewjob": str(meta["name"])[:63].rstrip("-_.")},
+                       "crewfence.dev/crewjob": str(meta["name"])[:63].rstrip("-_."),
+                       JOB_UID_LABEL: str(meta["uid"])},
             "ownerReferences": [{
                 "apiVersion": str(job.get("apiVersion") or "crewfence.dev/v1alpha1"),
                 "kind": "CrewJob", "name": meta["name"], "uid": meta["uid"],

@@ -184,6 +184,7 @@ def test_workload_requests_one_crewjob_and_the_workers_memory_owned_by_the_job()
     assert body["spec"]["queueName"] == "team" and body["spec"]["priority"] == 1000
     [owner] = body["metadata"]["ownerReferences"]
     assert owner["uid"] == "u-1" and owner["controller"] is True
+    assert body["metadata"]["labels"][kueue.JOB_UID_LABEL] == "u-1"
     assert kueue.workload_name("j", "u-1") != kueue.workload_name("j", "u-2")
 
 
