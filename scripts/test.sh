@@ -24,6 +24,10 @@ KUBE_BIN=$(printf '%s\n' "$bin_output" | sed -n 's/^KUBE_BIN=//p')
 export KUBE_BIN
 echo "crewfence: building or reusing cert-manager's controllers (tests/e2e/test_mtls_cert_manager.py)"
 python tests/e2e/cluster.py cert-manager
+echo "crewfence: building or reusing Kueue's controller manager (tests/e2e/test_crewjob_kueue.py)"
+python tests/e2e/cluster.py kueue
+echo "crewfence: building or reusing the kstatus verdict program (tests/e2e/test_kstatus_verdicts.py)"
+python tests/e2e/cluster.py kstatus
 
 echo "crewfence: ruff"
 ruff check .

@@ -61,6 +61,7 @@ COND_STATE_SHARED: Final = "StateVolumeShared"
 COND_CLAIMS_RETAINED: Final = "StateClaimsRetained"
 COND_MODEL_CREDENTIALS: Final = "ModelCredentials"
 COND_TOOLS_READY: Final = "ToolsReady"
+COND_STALLED: Final = "Stalled"
 
 DEFAULT_IMAGE: Final = "ghcr.io/crewfence/crewfence:0.1.0"
 

@@ -14,10 +14,18 @@ import kopf
 
 from crewfence_operator import config, readiness
 from crewfence_operator import constants as c
-from crewfence_operator.handlers import crew, crewcronjob, crewjob, resolution, webhook
+from crewfence_operator.handlers import (
+    crew,
+    crewcronjob,
+    crewjob,
+    kueue,
+    resolution,
+    ttl,
+    webhook,
+)
 from crewfence_operator.transport import certs
 
-__all__ = ["crew", "crewcronjob", "crewjob", "resolution", "webhook"]
+__all__ = ["crew", "crewcronjob", "crewjob", "kueue", "resolution", "ttl", "webhook"]
 
 if config.current().webhook.mode is not config.WebhookMode.OFF:
     webhook.register()

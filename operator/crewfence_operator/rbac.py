@@ -21,6 +21,17 @@ OPERATOR_RULES: Final[list[PolicyRule]] = [
     {"apiGroups": [c.GROUP], "resources": [f"{c.CREW_PLURAL}/status",
                                            f"{c.CREWJOB_PLURAL}/status"],
      "verbs": ["get", "patch", "update"]},
+    # spec.ttlSecondsAfterFinished: handlers/ttl.py deletes finished CrewJobs.
+    {"apiGroups": [c.GROUP], "resources": [c.CREWJOB_PLURAL], "verbs": ["delete"]},
+    # Kueue (workloads.py, handlers/kueue.py): one Workload per labelled CrewJob, watched for
+    # admission and eviction; its status is written to requeue or finish it.
+    {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"],
+     "verbs": ["get", "list", "watch", "create"]},
+    {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads/status"],
+     "verbs": ["get", "patch"]},
+    # The value of a kueue.x-k8s.io/priority-class label (cluster-scoped).
+    {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloadpriorityclasses"],
+     "verbs": ["get"]},
     # Crew children (crew/children.py): replica pods and state claims; scale-down deletes.
     {"apiGroups": [""], "resources": ["pods", "persistentvolumeclaims"],
      "verbs": ["get", "list", "watch", "create", "delete", "patch"]},

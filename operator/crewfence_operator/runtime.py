@@ -24,12 +24,13 @@ from kubernetes.client.exceptions import ApiException
 
 from crewfence_operator import config, kube
 from crewfence_operator import constants as c
-from crewfence_operator.crewjob.machine import Gate, MachineSettings, Memory
+from crewfence_operator.crewjob.machine import Gate, Hold, MachineSettings, Memory
 from crewfence_operator.crewjob.output import ConfigMapFit, configmap_fit
 from crewfence_operator.sidecar_client import Timeouts
 from crewfence_operator.supersedes_gate import admission_gate
 from crewfence_operator.transport import cert_source
 from crewfence_operator.transport.token_roll import sending_token
+from crewfence_operator.workloads import hold as workload_hold
 
 MEMO_KEY = "crewjob_runtime"
 
@@ -162,6 +163,14 @@ class Runtime:
     """The admission gate (``spec.supersedes``): the one place it plugs in."""
     resolution_locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
     """One resolution step at a time per CrewJob (its event and its retry timer)."""
+    hold: Callable[[Mapping[str, Any], Mapping[str, Any]], Awaitable[Hold]] | None = None
+    """The machine's Hold input (``spec.suspend``, a Kueue Workload): ``workloads.hold``."""
+    evictions: dict[str, str] = field(default_factory=dict)
+    """CrewJob uid -> eviction message, from the Workload watch (``handlers/kueue.py``)."""
+    finished_workloads: set[str] = field(default_factory=set)
+    """CrewJob uids whose Workload this process marked Finished (``handlers/kueue.py``)."""
+    ttl_tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    """CrewJob uid -> its sleeping TTL deletion (``handlers/ttl.py``)."""
     _session: aiohttp.ClientSession | None = None
 
     def resolution_lock(self, namespace: str, name: str) -> asyncio.Lock:
@@ -182,7 +191,7 @@ class Runtime:
 def runtime_of(memo: Any) -> Runtime:
     rt = memo.get(MEMO_KEY) if isinstance(memo, Mapping) else getattr(memo, MEMO_KEY, None)
     if rt is None:
-        rt = Runtime(gate=admission_gate)
+        rt = Runtime(gate=admission_gate, hold=workload_hold)
         memo[MEMO_KEY] = rt
     return rt
 

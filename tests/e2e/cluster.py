@@ -8,6 +8,10 @@
     python tests/e2e/cluster.py down                  # stop everything `up` started
     python tests/e2e/cluster.py cert-manager          # build (or find cached) cert-manager for
                                                       # tests/e2e/test_mtls_cert_manager.py
+    python tests/e2e/cluster.py kueue                 # build (or find cached) Kueue for
+                                                      # tests/e2e/test_crewjob_kueue.py
+    python tests/e2e/cluster.py kstatus               # build (or find cached) kstatus-verdict
+                                                      # for tests/e2e/test_kstatus_verdicts.py
 
 State (certificates, etcd data, logs, pidfiles) lives in .e2e/cluster/ of the repository
 unless --state-dir says otherwise.
@@ -21,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import build, certmanager, controlplane
+from harness import build, certmanager, controlplane, kstatus, kueue
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,6 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("bin", help="build (or find cached) etcd, kube-apiserver, kubectl, helm")
     sub.add_parser("cert-manager", help="build (or find cached) cert-manager's controllers")
+    sub.add_parser("kueue", help="build (or find cached) Kueue's controller manager")
+    sub.add_parser("kstatus", help="build (or find cached) the kstatus verdict program")
     up = sub.add_parser("up", help="start the control plane in the background")
     up.add_argument(
         "--with-operator", action="store_true", help="also install CRDs, start operator"
@@ -43,6 +49,20 @@ def main(argv: list[str] | None = None) -> int:
         try:
             print(f"CERT_MANAGER={certmanager.ensure_built()}")
         except certmanager.BuildError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        return 0
+    if args.command == "kueue":
+        try:
+            print(f"KUEUE={kueue.ensure_built()}")
+        except kueue.BuildError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        return 0
+    if args.command == "kstatus":
+        try:
+            print(f"KSTATUS={kstatus.ensure_built()}")
+        except kstatus.BuildError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
         return 0

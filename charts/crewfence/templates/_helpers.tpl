@@ -115,6 +115,15 @@ Arguments: dict "base" (selector) "watch" (list) "excluded" (list).
 - apiGroups: ["crewfence.dev"]
   resources: ["crews/status", "crewjobs/status"]
   verbs: ["get", "patch", "update"]
+- apiGroups: ["crewfence.dev"]
+  resources: ["crewjobs"]
+  verbs: ["delete"]
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads"]
+  verbs: ["get", "list", "watch", "create"]
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads/status"]
+  verbs: ["get", "patch"]
 - apiGroups: [""]
   resources: ["pods", "persistentvolumeclaims"]
   verbs: ["get", "list", "watch", "create", "delete", "patch"]
@@ -147,6 +156,9 @@ Arguments: dict "base" (selector) "watch" (list) "excluded" (list).
 {{- end }}
 
 {{- define "crewfence.rbac.clusterRules" -}}
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloadpriorityclasses"]
+  verbs: ["get"]
 - apiGroups: ["apiextensions.k8s.io"]
   resources: ["customresourcedefinitions"]
   verbs: ["get", "list", "watch"]

@@ -226,7 +226,19 @@ def crew_status(obs: CrewObservation, now: str | None = None) -> dict[str, Any]:
         retained = condition(prev, c.COND_CLAIMS_RETAINED, False, "NoneRetained",
                              "no state claim is kept beyond spec.replicas", obs.generation, now)
 
-    conditions = [ready_cond, shared, retained]
+    # kstatus (tests/e2e/test_kstatus_verdicts.py): what needs a person is Stalled (Failed),
+    # as the documented health says: a fenced replica, a shared state claim, a hosted model
+    # without its key. Not-yet-ready replicas are only Ready=False (InProgress).
+    if fenced:
+        stalled = condition(prev, c.COND_STALLED, True, "ReplicaFenced",
+                            str(ready_cond["message"]), obs.generation, now)
+    elif obs.credentials is not None and obs.credentials.status is False:
+        stalled = condition(prev, c.COND_STALLED, True, obs.credentials.reason,
+                            obs.credentials.message, obs.generation, now)
+    else:
+        stalled = condition(prev, c.COND_STALLED, False, "NotStalled",
+                            "nothing needs a person", obs.generation, now)
+    conditions = [ready_cond, shared, retained, stalled]
     if obs.credentials is not None:
         conditions.append(condition(prev, c.COND_MODEL_CREDENTIALS, obs.credentials.status,
                                     obs.credentials.reason, obs.credentials.message,

@@ -45,6 +45,12 @@ I7  A terminal record's ``status.effects`` / ``status.usage`` come only from eve
 I8  Retention never races the operator: a finished record is marked recorded on its replica
     only after the terminal patch (its outcome and output) was written (:attr:`Finish.mark_on`);
     the Crew's retention archives only marked records (or ones a day past the window).
+I9  Held means never admitted. While :class:`Hold` holds the job (``spec.suspend``, or a Kueue
+    Workload not admitted: ``handlers/kueue.py`` turns the Workload into this input), nothing
+    is dispatched: phase Pending, condition ``Suspended=True``. The probe still runs first (I6:
+    an action found anywhere is attached to, not admitted again). An eviction of an assigned
+    job is a cancel on the sidecar (like ``spec.cancel``), reported in ``status.cancellation``;
+    the job is never re-admitted under the same action id.
 
 The admission gate: :class:`Gate` is the one place where a "wait: predecessor not resolved"
 check (``spec.supersedes``) plugs in; it is consulted only before the first admission.
@@ -125,6 +131,29 @@ class Gate:
 OPEN_GATE: Final = Gate()
 
 
+class HoldReason:
+    SUSPENDED = "Suspended"
+    """``spec.suspend: true``."""
+    WAITING_FOR_WORKLOAD = "WaitingForWorkload"
+    """Labelled for a Kueue queue: its Workload is missing or not admitted."""
+
+
+@dataclass(frozen=True)
+class Hold:
+    """Whether the job is held back from admission, and whether a queue evicted it."""
+
+    held: bool = False
+    reason: str = HoldReason.SUSPENDED
+    message: str = ""
+    evicted: str | None = None
+    """A queue's eviction message: an assigned job is cancelled on the sidecar (I9)."""
+    queued: bool = False
+    """The job is managed by a queue (it had or has a Workload): ``Suspended`` is shown."""
+
+
+NO_HOLD: Final = Hold()
+
+
 @dataclass(frozen=True)
 class CrewView:
     """The Crew as the machine needs it: every replica that may hold a journal."""
@@ -193,6 +222,7 @@ class Observation:
     """Epoch seconds."""
     deleting: bool = False
     gate: Gate = OPEN_GATE
+    hold: Hold = NO_HOLD
     settings: MachineSettings = field(default_factory=MachineSettings)
     assigned_claim_exists: bool | None = None
     """Whether the assigned state claim object exists, read only while the Crew does not list
@@ -357,8 +387,33 @@ class _Ctx:
     def _status_ctx(self) -> StatusContext:
         action_id = (self.obs.spec.action_id if isinstance(self.obs.spec, JobSpec)
                      else f"{self.obs.namespace}/{self.obs.name}")
+        cancel = isinstance(self.obs.spec, JobSpec) and self.obs.spec.cancel
         return StatusContext(generation=self.obs.generation, action_id=action_id,
-                             previous_conditions=list(self.obs.status.get("conditions") or []))
+                             previous_conditions=list(self.obs.status.get("conditions") or []),
+                             cancel_requested=cancel,
+                             extra_conditions=self.suspended_condition())
+
+    def suspended_condition(self) -> tuple[dict[str, str], ...]:
+        """I9: ``Suspended`` while held before admission; once shown, it stays (False)."""
+        hold = self.obs.hold
+        shown = hold.queued or any(c.get("type") == "Suspended"
+                                   for c in self.obs.status.get("conditions") or [])
+        if hold.held and self.known.assignment is None:
+            return ({"type": "Suspended", "status": "True", "reason": hold.reason,
+                     "message": hold.message},)
+        if hold.evicted:
+            return ({"type": "Suspended", "status": "False", "reason": "Evicted",
+                     "message": hold.evicted},)
+        if shown:
+            return ({"type": "Suspended", "status": "False", "reason": "Admitted",
+                     "message": "admitted: no longer held"},)
+        return ()
+
+    @property
+    def stop_wanted(self) -> bool:
+        """``spec.cancel``, or a queue's eviction (I9): the sidecar must hear a cancel."""
+        return (isinstance(self.obs.spec, JobSpec) and self.obs.spec.cancel) \
+            or bool(self.obs.hold.evicted)
 
     def decision(self, step: Step, patch: dict[str, Any] | None = None,
                  warning: Warning_ | None = None, **memory: Any) -> Decision:
@@ -446,13 +501,21 @@ class _Ctx:
 
     def cancellation_now(self) -> Cancellation:
         c = Cancellation.from_status(self.obs.status.get("cancellation"))
-        if isinstance(self.obs.spec, JobSpec) and self.spec.cancel:
+        if self.stop_wanted:
             c.requested = True
         if self.mem.cancel_confirmed:
             c.dispatched = True
             c.remote_stop_confirmed = True
             c.message = ("the sidecar's cancel route answered success; this is not proof that "
                          "the provider stopped")
+        evicted = self.obs.hold.evicted
+        if evicted and not (isinstance(self.obs.spec, JobSpec) and self.obs.spec.cancel):
+            # I9: say who asked for the cancel (its queue), whatever the sidecar answered.
+            note = f"evicted by its queue ({evicted})"
+            message = c.message or ""
+            if not message.startswith("evicted by its queue"):
+                message = f"{note}; {message}" if message else note
+            c.message = message[:1024]
         return c
 
     def assignment_status(self, a: Assignment) -> dict[str, Any]:
@@ -516,6 +579,9 @@ def _before_admission(ctx: _Ctx) -> Decision:
         return ctx.finish(obs.gate.refusal)
     if not obs.gate.open:
         return ctx.wait(s.retry_seconds, Phase.PENDING, obs.gate.reason, obs.gate.message)
+    if obs.hold.held:  # I9
+        return ctx.wait(s.retry_seconds, Phase.PENDING, obs.hold.reason,
+                        obs.hold.message or "held: nothing is admitted")
     journals = {r.ordinal: _journal_of(r, probes.get(r.ordinal)) for r in crew.replicas}
     full = _still_full(ctx, journals)
     eligible = [r for r in crew.replicas
@@ -835,7 +901,7 @@ def _after_lookup(ctx: _Ctx, a: Assignment, replica: Replica, lookup: Lookup) ->
     # until a terminal record decides, see I2).
     settled = ctx.known.uncertain and ctx.known.reason == Reason.ANSWER_LOST.value
     recovered = settled or ctx.known.reason in _TROUBLE
-    wants_cancel = spec.cancel and not ctx.mem.cancel_confirmed
+    wants_cancel = ctx.stop_wanted and not ctx.mem.cancel_confirmed
     if wants_cancel:
         # (after a failed cancel the backoff wait already happened: this is the retry)
         cancellation = ctx.cancellation_now()
@@ -846,8 +912,9 @@ def _after_lookup(ctx: _Ctx, a: Assignment, replica: Replica, lookup: Lookup) ->
                                 f"cancel sent to replica {replica.label}",
                                 extra={"cancellation": cancellation.to_status()},
                                 keep_uncertain=not settled)
-        return ctx.decision(Cancel(replica, "spec.cancel set on the CrewJob"), patch,
-                            lookup=None)
+        why = (f"evicted by its queue: {ctx.obs.hold.evicted}" if ctx.obs.hold.evicted
+               and not spec.cancel else "spec.cancel set on the CrewJob")
+        return ctx.decision(Cancel(replica, why[:500]), patch, lookup=None)
     if ctx.mem.stream_invalid:
         return ctx.decision(Wait(s.poll_seconds, Reason.INVALID_STREAM.value), None, lookup=None)
     patch = None
@@ -865,13 +932,13 @@ _TROUBLE: Final = frozenset({Reason.REPLICA_UNAVAILABLE.value, Reason.REPLICA_DR
 
 def _not_known(ctx: _Ctx, a: Assignment, replica: Replica) -> Decision:
     """The assigned replica (same journal) does not hold the action."""
-    s, spec = ctx.settings, ctx.spec
+    s = ctx.settings
     ctx.mem = replace(ctx.mem, lookup=None)
     if ctx.mem.admitted or ctx.known.started:
         return ctx.finish(outcome.uncertain(
             Reason.JOURNAL_LOST, FailureCategory.CONNECTOR, "record_missing",
             f"the assigned replica {replica.label} no longer knows the action"))
-    if spec.cancel:
+    if ctx.stop_wanted:
         if _within_settle(ctx):
             return ctx.wait(s.retry_seconds, Phase.RUNNING, Reason.CANCEL_PENDING,
                             f"cancel requested; replica {replica.label} does not hold the action "

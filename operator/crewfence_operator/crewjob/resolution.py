@@ -204,10 +204,14 @@ def accepted_patch(status: Mapping[str, Any], resolution: Resolution, *, resolve
         }
     message = (f"resolved {resolution.outcome.value} by {record.get('resolvedBy')}: "
                f"{resolution.note}")
+    # A resolution settles the job for kstatus too (crewjob/status.py ``health``): Ready,
+    # never Stalled, whatever the finding.
     conditions = _replace_conditions(status, [
         _cond(status, UNCERTAIN_CONDITION, False, REASON_RESOLVED, message, generation, now),
         _cond(status, RESOLVED_CONDITION, True, resolution.outcome.value, message, generation,
               now),
+        _cond(status, "Ready", True, REASON_RESOLVED, message, generation, now),
+        _cond(status, "Stalled", False, REASON_RESOLVED, message, generation, now),
     ], generation)
     return {"resolution": record, "conditions": conditions, "observedGeneration": generation}
 

@@ -1,8 +1,14 @@
 """Building CrewJob status patches, with kstatus-style conditions.
 
-kstatus readers (Flux, kpt, Argo CD health) judge a resource by ``observedGeneration``,
-``Reconciling`` and ``Stalled``: a Pending/Running job is Reconciling, a Failed job is Stalled,
-and Succeeded/Cancelled jobs are neither (Current).
+kstatus (sigs.k8s.io/cli-utils/pkg/kstatus/status: Flux without health expressions, kpt,
+Config Sync) judges a resource by ``observedGeneration``, then ``Reconciling=True``
+(InProgress), ``Stalled=True`` (Failed), then ``Ready`` (True: Current, False: InProgress).
+Invariant kept by :func:`health`: a terminal CrewJob is never InProgress for kstatus, and its
+verdict is the one docs/gitops-flux.md promises for the documented health expressions:
+Succeeded and a cancel asked for in ``spec.cancel`` are Current (``Ready=True``); Failed, a
+cancel nobody asked for in the spec, and any unresolved uncertain outcome are Failed
+(``Stalled=True``); an accepted resolution settles the job (Current). Checked against the real
+kstatus library by tests/e2e/test_kstatus_verdicts.py.
 """
 
 from __future__ import annotations
@@ -18,6 +24,26 @@ from crewfence_operator.crewjob.outcome import TERMINAL_PHASES, Phase, Verdict
 from crewfence_operator.crewjob.output import BoundedOutput
 
 CONDITION_TYPES = ("Ready", "Reconciling", "Stalled", "Succeeded", "Failed", "OutcomeUncertain")
+
+
+@dataclass(frozen=True)
+class Health:
+    """The kstatus-facing conditions of a CrewJob: ``Ready`` and ``Stalled`` (never both)."""
+
+    ready: bool
+    stalled: bool
+
+
+def health(phase: Phase, *, uncertain: bool, cancel_requested: bool,
+           resolved: bool = False) -> Health:
+    """Ready/Stalled for kstatus (see the module docstring); working phases are neither."""
+    if phase not in TERMINAL_PHASES:
+        return Health(ready=False, stalled=False)
+    if resolved:
+        return Health(ready=True, stalled=False)
+    stalled = (uncertain or phase is Phase.FAILED
+               or (phase is Phase.CANCELLED and not cancel_requested))
+    return Health(ready=not stalled, stalled=stalled)
 
 
 def now_iso() -> str:
@@ -107,18 +133,25 @@ def _condition(ctype: str, true: bool, reason: str, message: str, generation: in
 
 def build_conditions(phase: Phase, reason: str, message: str, *, uncertain_reason: str | None,
                      generation: int, previous: Sequence[Mapping[str, Any]] | None,
-                     now: str) -> list[dict[str, Any]]:
+                     now: str, cancel_requested: bool = False,
+                     extra: Sequence[Mapping[str, Any]] = ()) -> list[dict[str, Any]]:
+    """Every condition type, Ready/Stalled from :func:`health`; ``extra`` conditions (e.g.
+    ``Suspended``) are appended."""
     prev = {str(c.get("type")): c for c in (previous or []) if isinstance(c, Mapping)}
     working = phase not in TERMINAL_PHASES
     uncertain_msg = message if uncertain_reason else "the outcome is known"
+    verdict = health(phase, uncertain=uncertain_reason is not None,
+                     cancel_requested=cancel_requested)
     return [
-        _condition("Ready", phase is Phase.SUCCEEDED, reason, message, generation, prev, now),
+        _condition("Ready", verdict.ready, reason, message, generation, prev, now),
         _condition("Reconciling", working, reason, message, generation, prev, now),
-        _condition("Stalled", phase is Phase.FAILED, reason, message, generation, prev, now),
+        _condition("Stalled", verdict.stalled, reason, message, generation, prev, now),
         _condition("Succeeded", phase is Phase.SUCCEEDED, reason, message, generation, prev, now),
         _condition("Failed", phase is Phase.FAILED, reason, message, generation, prev, now),
         _condition("OutcomeUncertain", uncertain_reason is not None,
                    uncertain_reason or "OutcomeKnown", uncertain_msg, generation, prev, now),
+        *(_condition(str(e["type"]), e["status"] == "True", str(e["reason"]),
+                     str(e["message"]), generation, prev, now) for e in extra),
     ]
 
 
@@ -129,6 +162,10 @@ class StatusContext:
     generation: int
     action_id: str
     previous_conditions: list[dict[str, Any]] = field(default_factory=list)
+    cancel_requested: bool = False
+    """``spec.cancel`` is true: a Cancelled verdict is the desired state (Ready)."""
+    extra_conditions: tuple[Mapping[str, Any], ...] = ()
+    """Conditions beyond :data:`CONDITION_TYPES` to write (``Suspended``)."""
 
 
 def working_patch(ctx: StatusContext, phase: Phase, reason: str, message: str, *,
@@ -140,7 +177,8 @@ def working_patch(ctx: StatusContext, phase: Phase, reason: str, message: str, *
         "actionId": ctx.action_id, "observedGeneration": ctx.generation,
         "conditions": build_conditions(phase, reason, message, uncertain_reason=uncertain_reason,
                                        generation=ctx.generation,
-                                       previous=ctx.previous_conditions, now=now),
+                                       previous=ctx.previous_conditions, now=now,
+                                       extra=ctx.extra_conditions),
     }
     if uncertain_reason is not None:
         patch["uncertainOutcome"] = True
@@ -171,7 +209,8 @@ def terminal_patch(ctx: StatusContext, verdict: Verdict, *, now: str,
         "conditions": build_conditions(
             verdict.phase, verdict.reason.value, verdict.message,
             uncertain_reason=verdict.uncertain_reason.value if verdict.uncertain_reason else None,
-            generation=ctx.generation, previous=ctx.previous_conditions, now=now),
+            generation=ctx.generation, previous=ctx.previous_conditions, now=now,
+            cancel_requested=ctx.cancel_requested, extra=ctx.extra_conditions),
     }
     patch.update(record_times(record))
     if record is not None and not record.terminal:
@@ -182,3 +221,29 @@ def terminal_patch(ctx: StatusContext, verdict: Verdict, *, now: str,
         patch["output"] = output.status_fields(configmap)
     patch.update(extra or {})
     return patch
+
+
+def restamped_conditions(status: Mapping[str, Any], *, generation: int,
+                         cancel_requested: bool, now: str) -> list[dict[str, Any]]:
+    """A finished CrewJob's conditions after a late spec change (only ``cancel`` can change):
+    every condition stamped with ``generation`` and Ready/Stalled recomputed by :func:`health`
+    (a Cancelled job whose cancel is now asked for in the spec is the desired state)."""
+    raw_phase = status.get("phase")
+    phase = Phase(str(raw_phase)) if raw_phase in {p.value for p in Phase} else None
+    conditions = [dict(c) for c in status.get("conditions") or [] if isinstance(c, Mapping)]
+    if phase is None:
+        return [{**c, "observedGeneration": generation} for c in conditions]
+    resolution = status.get("resolution")
+    verdict = health(phase, uncertain=bool(status.get("uncertainOutcome")),
+                     cancel_requested=cancel_requested,
+                     resolved=isinstance(resolution, Mapping) and bool(resolution.get("outcome")))
+    wanted = {"Ready": verdict.ready, "Stalled": verdict.stalled}
+    out = []
+    for cond in conditions:
+        ctype = str(cond.get("type"))
+        if ctype in wanted:
+            value = "True" if wanted[ctype] else "False"
+            if cond.get("status") != value:
+                cond = {**cond, "status": value, "lastTransitionTime": now}
+        out.append({**cond, "observedGeneration": generation})
+    return out

@@ -92,11 +92,16 @@ def final_patch(*, namespace: str, cronjob: str, plan: Plan, observed: Sequence[
     else:
         paused = condition(COND_PAUSED, False, "NoUncertainOutcome",
                            "no child waits for a resolution", generation, now, old)
+    # kstatus (Flux without health expressions, kpt, Config Sync) reads Stalled=True as
+    # Failed: a schedule paused by an unresolved uncertain outcome must not read Current.
+    halted = plan.paused_by is not None
+    why = ("paused until the uncertain outcome of CrewJob "
+           f"{plan.paused_by} is resolved" if halted else "the schedule is valid")
     conditions = [
-        condition(COND_READY, True, "Scheduling", "the schedule is valid", generation, now,
-                  old),
-        condition(COND_STALLED, False, "Scheduling", "the schedule is valid", generation, now,
-                  old),
+        condition(COND_READY, not halted, "Paused" if halted else "Scheduling", why,
+                  generation, now, old),
+        condition(COND_STALLED, halted, "OutcomeUncertain" if halted else "Scheduling", why,
+                  generation, now, old),
         condition(COND_SUSPENDED, suspended, "SpecSuspend" if suspended else "NotSuspended",
                   "spec.suspend is true: due ticks are skipped" if suspended
                   else "spec.suspend is false", generation, now, old),

@@ -29,6 +29,7 @@ from crewfence_operator import metrics
 from crewfence_operator.crewjob import machine, outcome
 from crewfence_operator.crewjob.effects import EffectLog
 from crewfence_operator.crewjob.machine import (
+    NO_HOLD,
     OPEN_GATE,
     Admit,
     Cancel,
@@ -49,7 +50,12 @@ from crewfence_operator.crewjob.outcome import Phase
 from crewfence_operator.crewjob.output import CONFIGMAP_KEY, foreign_configmap_note
 from crewfence_operator.crewjob.replicas import Replica, parse_replicas
 from crewfence_operator.crewjob.spec import JobSpec, SpecError
-from crewfence_operator.crewjob.status import Cancellation, Progress
+from crewfence_operator.crewjob.status import (
+    Cancellation,
+    Progress,
+    now_iso,
+    restamped_conditions,
+)
 from crewfence_operator.runtime import KubeIO, ObjectGone, Runtime, runtime_of
 from crewfence_operator.sidecar_client import (
     Endpoint,
@@ -139,7 +145,9 @@ class JobDriver:
 
     @property
     def cancel_requested(self) -> bool:
-        return bool((self.body.get("spec") or {}).get("cancel"))
+        """spec.cancel, or an eviction seen by the Workload watch (machine I9)."""
+        return bool((self.body.get("spec") or {}).get("cancel")) or \
+            self.uid in self.rt.evictions
 
     def _remember(self, memory: Memory) -> None:
         self.memory = memory
@@ -159,11 +167,17 @@ class JobDriver:
         gate = OPEN_GATE
         if self.rt.gate is not None and not self.status.get("assignment") and not deleting:
             gate = await self.rt.gate(self.body, self.rt)
+        hold = NO_HOLD
+        if self.rt.hold is not None and not deleting:
+            hold = await self.rt.hold(self.body, self.status)
+            evicted = self.rt.evictions.get(self.uid)
+            if evicted and self.status.get("assignment") and not hold.evicted:
+                hold = replace(hold, evicted=evicted)  # the watch saw it first
         return Observation(
             namespace=self.namespace, name=self.name,
             generation=int(self.body["metadata"].get("generation") or 1), spec=spec,
             status=self.status, crew=crew_view, memory=self.memory, now=time.time(),
-            deleting=deleting, gate=gate, settings=self.settings.machine,
+            deleting=deleting, gate=gate, hold=hold, settings=self.settings.machine,
             assigned_claim_exists=claim_exists)
 
     async def _assigned_claim_exists(self, crew_view: CrewView | None) -> bool | None:
@@ -478,8 +492,9 @@ async def acknowledge_late_spec_change(obj: Mapping[str, Any]) -> None:
     generation = int(meta["generation"])
     patch: dict[str, Any] = {
         "observedGeneration": generation,
-        "conditions": [{**cond, "observedGeneration": generation}
-                       for cond in status.get("conditions") or []],
+        "conditions": restamped_conditions(
+            status, generation=generation,
+            cancel_requested=bool((obj.get("spec") or {}).get("cancel")), now=now_iso()),
     }
     if (obj.get("spec") or {}).get("cancel") and not (status.get("cancellation") or {}).get(
             "requested"):

@@ -23,6 +23,7 @@ def uncertain_status(**extra: Any) -> dict[str, Any]:
             "assignment": {"ordinal": 0, "pod": "research-0", "claim": "research-state-0"},
             "conditions": [
                 {"type": "Ready", "status": "False", "reason": "SidecarRestarted"},
+                {"type": "Failed", "status": "True", "reason": "SidecarRestarted"},
                 {"type": "OutcomeUncertain", "status": "True", "reason": "SidecarRestarted",
                  "lastTransitionTime": "2026-11-30T20:00:00Z"}],
             **extra}
@@ -49,7 +50,9 @@ def test_resolution_on_an_uncertain_job_is_accepted_without_rewriting_history() 
     assert conds["OutcomeUncertain"]["reason"] == "Resolved"
     assert conds["Resolved"]["status"] == "True"
     assert all(c["observedGeneration"] == 2 for c in patch["conditions"])
-    assert conds["Ready"]["reason"] == "SidecarRestarted"  # other conditions kept
+    assert conds["Failed"]["reason"] == "SidecarRestarted"  # other conditions kept
+    # settled for kstatus: Ready, never Stalled (crewjob/status.py health)
+    assert (conds["Ready"]["status"], conds["Stalled"]["status"]) == ("True", "False")
     assert patch["observedGeneration"] == 2
 
 
