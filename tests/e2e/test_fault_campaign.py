@@ -22,7 +22,7 @@ from plugin_support import plugin_dir
 
 pytestmark = pytest.mark.slow
 
-SHORT_OPERATIONS = 22
+SHORT_OPERATIONS = 30
 
 
 def test_short_fault_campaign_finds_no_anomaly(cluster: Cluster, pod_runner: PodRunner,
@@ -33,7 +33,9 @@ def test_short_fault_campaign_finds_no_anomaly(cluster: Cluster, pod_runner: Pod
     history, anomalies = run_campaign(cluster, pod_runner, operator_process, namespace,
                                       plugin_dir(tmp_path), seed, operations,
                                       settle_timeout=120)
-    (tmp_path / "history.json").write_text(history.to_json())
+    saved = cluster.state_dir / f"campaign-{seed}.json"
+    saved.write_text(history.to_json())
+    print(f"history: {saved}")
     summary = history.summary()
     assert summary["faults_total"] > 0, f"seed {seed}: no fault landed: {summary}"
     assert history.ledger, f"seed {seed}: the offline LLM ledger saw no call of this campaign"

@@ -13,6 +13,8 @@ life"):
 - ``verdict_while_running``: no certain terminal verdict (Succeeded/Failed/Cancelled without
   an uncertain outcome) while the sidecar's record of that action on the assigned replica was
   still running (a record sampled running after the verdict was sampled).
+- ``ledger_blind``: the ledger must see every job that succeeded (else the count above would
+  prove nothing).
 - ``uncertain_visible``: every uncertain outcome visible three ways: ``status.uncertainOutcome``
   with the OutcomeUncertain condition, a Warning Event (reason OutcomeUncertain*) on that
   CrewJob, and the operator's gauge of unresolved uncertain CrewJobs matching the objects.
@@ -146,7 +148,15 @@ def uncertain_visible(history: History) -> list[Anomaly]:
     return found
 
 
-CHECKS = (at_most_once, one_successor, successor_gate, verdict_while_running,
+def ledger_blind(history: History) -> list[Anomaly]:
+    return [Anomaly("ledger_blind", job.name, "Succeeded, but the ledger holds no execution "
+                    f"of token {history.tokens.get(job.name)}")
+            for job in history.final_jobs
+            if job.phase == "Succeeded" and job.name in history.tokens
+            and executions(history, history.tokens[job.name]) == 0]
+
+
+CHECKS = (at_most_once, ledger_blind, one_successor, successor_gate, verdict_while_running,
           uncertain_visible)
 
 

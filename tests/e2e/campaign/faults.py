@@ -109,6 +109,7 @@ class Campaign:
             if on_op is not None:
                 on_op(record)
             self.observe()
+            time.sleep(op.gap)  # the schedule's pace: time for the jobs to move
 
     def do(self, op: Op) -> tuple[str, str]:
         handler: Callable[[Op], tuple[str, str]] = getattr(self, f"op_{op.kind}")

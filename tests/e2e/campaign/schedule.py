@@ -8,7 +8,7 @@ job an operation hits is chosen at run time from ``pick`` among the jobs it appl
 from __future__ import annotations
 
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Final
 
 JOB_KINDS: Final = ("apply", "reapply", "cancel", "delete", "delete_reapply", "resolve",
@@ -26,6 +26,7 @@ WEIGHTS: Final[dict[str, float]] = {
 SLEEPS: Final = (1, 3, 6, 12)
 """Seconds each model call of a job sleeps (``[[sleep:N]]``; a job makes two calls)."""
 OUTCOMES: Final = ("NotHappened", "NotHappened", "Compensated", "Happened")
+MAX_GAP: Final = 4.0
 
 
 @dataclass(frozen=True)
@@ -49,17 +50,24 @@ class Op:
     """scale: the new replica count."""
     retention: str = ""
     """retention: the window (``""``: retention off)."""
+    gap: float = 0.0
+    """Seconds to let pass after the operation (the campaign's pace, part of the schedule)."""
 
     @property
     def fault(self) -> bool:
         return self.kind in FAULT_KINDS
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if v not in ("", 0, False, "Cancel")
+        return {k: v for k, v in asdict(self).items() if v not in ("", 0, 0.0, False, "Cancel")
                 or k in ("index", "kind")}
 
 
 def _op(rng: random.Random, index: int, kind: str) -> Op:
+    op = _kind_op(rng, index, kind)
+    return replace(op, gap=round(rng.uniform(0.0, MAX_GAP), 1))
+
+
+def _kind_op(rng: random.Random, index: int, kind: str) -> Op:
     pick = rng.randrange(1 << 16)
     if kind == "apply":
         return Op(index, kind, pick, sleep=rng.choice(SLEEPS),

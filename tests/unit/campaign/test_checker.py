@@ -72,6 +72,12 @@ def test_a_second_execution_is_caught_by_the_ledger() -> None:
     assert "executed 2 times, at most 1" in found[0].detail
 
 
+def test_a_ledger_that_misses_a_success_is_caught() -> None:
+    h = clean()
+    h.ledger = [t for t in h.ledger if "tok-j1" not in t]
+    assert [(a.check, a.subject) for a in checker.check(h)] == [("ledger_blind", "j1")]
+
+
 def test_a_token_that_is_a_prefix_of_another_is_not_confused() -> None:
     h = clean()
     h.tokens["j10"] = "tok-j10"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from campaign.schedule import FAULT_KINDS, KINDS, OUTCOMES, SLEEPS, generate
+from campaign.schedule import FAULT_KINDS, KINDS, MAX_GAP, OUTCOMES, SLEEPS, generate
 
 
 def test_same_seed_same_schedule_other_seed_other_schedule() -> None:
@@ -26,6 +26,7 @@ def test_a_long_schedule_uses_every_kind_with_valid_arguments() -> None:
     assert set(kinds) == set(KINDS)
     assert sum(kinds[k] for k in FAULT_KINDS) > 300
     for op in ops:
+        assert 0.0 <= op.gap <= MAX_GAP
         assert op.fault == (op.kind in FAULT_KINDS)
         if op.kind == "apply":
             assert op.sleep in SLEEPS and op.policy in ("Cancel", "Orphan")
