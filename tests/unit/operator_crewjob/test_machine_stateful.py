@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import pytest
 from crewfence_operator.crewjob import machine as m
 from crewfence_operator.crewjob import supersede
 from crewfence_operator.crewjob.effects import EffectLog
@@ -50,7 +51,6 @@ from crewfence_operator.handlers.crewjob import merge_status
 from crewfence_operator.sidecar_client import Admission, Lookup, SidecarFailure
 from crewfence_operator.supersedes_gate import machine_gate
 from crewfence_sidecar.contract import FailureCategory, JobRecord, Status
-import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -497,7 +497,7 @@ class CrewJobWorld(RuleBasedStateMachine):
         """The rename is undone: the old claim is served again; the new one stays unserved."""
         if not self.detached:
             return
-        claim, old = self.detached.popitem()
+        _claim, old = self.detached.popitem()
         current = self.sims.get(old.ordinal)
         if current is not None:
             self.detached[current.claim] = current
