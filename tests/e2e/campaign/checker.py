@@ -15,9 +15,16 @@ life"):
   still running (a record sampled running after the verdict was sampled).
 - ``ledger_blind``: the ledger must see every job that succeeded (else the count above would
   prove nothing).
+- ``resolution_consistent``: one action, one finding: every resolution accepted for an action
+  id (across the CrewJob objects that carried it: delete and re-apply) is the same.
 - ``uncertain_visible``: every uncertain outcome visible three ways: ``status.uncertainOutcome``
   with the OutcomeUncertain condition, a Warning Event (reason OutcomeUncertain*) on that
   CrewJob, and the operator's gauge of unresolved uncertain CrewJobs matching the objects.
+
+A check that fires only because of a gap known and being worked on carries ``known_gap`` (the
+e2e test reports it without failing; remove the classification once the gap is closed):
+resolutions and the one-successor claim are not yet journal facts, so a predecessor deleted
+and re-applied loses both (``KNOWN_GAP_RESOLUTION_FACTS``).
 """
 
 from __future__ import annotations
@@ -28,6 +35,8 @@ from dataclasses import dataclass
 from campaign.history import History, JobSample
 
 RESOLVED_FOR_SUCCESSOR = frozenset({"NotHappened", "Compensated"})
+KNOWN_GAP_RESOLUTION_FACTS = ("resolutions and successor claims are not yet journal facts: a "
+                              "re-created CrewJob starts unresolved and unclaimed")
 UNCERTAIN_CONDITION = "OutcomeUncertain"
 
 
@@ -36,9 +45,19 @@ class Anomaly:
     check: str
     subject: str
     detail: str
+    known_gap: str = ""
 
     def __str__(self) -> str:
-        return f"[{self.check}] {self.subject}: {self.detail}"
+        known = f" (known gap: {self.known_gap})" if self.known_gap else ""
+        return f"[{self.check}] {self.subject}: {self.detail}{known}"
+
+
+def _incarnations(history: History) -> dict[str, set[str]]:
+    """CrewJob name -> the uids of the objects seen under it (more than one: re-created)."""
+    out: dict[str, set[str]] = defaultdict(set)
+    for sample in [*history.jobs, *history.final_jobs]:
+        out[sample.name].add(sample.uid)
+    return out
 
 
 def executions(history: History, token: str) -> int:
@@ -83,9 +102,23 @@ def at_most_once(history: History) -> list[Anomaly]:
 
 
 def one_successor(history: History) -> list[Anomaly]:
+    recreated = {n for n, uids in _incarnations(history).items() if len(uids) > 1}
     return [Anomaly("one_successor", pred, f"{len(names)} successors admitted: "
-                    f"{', '.join(sorted(names))}")
+                    f"{', '.join(sorted(names))}",
+                    KNOWN_GAP_RESOLUTION_FACTS if pred in recreated else "")
             for pred, names in sorted(_successors(history).items()) if len(names) > 1]
+
+
+def resolution_consistent(history: History) -> list[Anomaly]:
+    found: dict[str, dict[str, str]] = defaultdict(dict)
+    for sample in [*history.jobs, *history.final_jobs]:
+        if sample.resolution:
+            found[sample.action_id or sample.name].setdefault(sample.uid, sample.resolution)
+    return [Anomaly("resolution_consistent", action,
+                    "resolved differently by its CrewJob objects: "
+                    + ", ".join(f"{uid[:8]}={res}" for uid, res in by_uid.items()),
+                    KNOWN_GAP_RESOLUTION_FACTS)
+            for action, by_uid in sorted(found.items()) if len(set(by_uid.values())) > 1]
 
 
 def successor_gate(history: History) -> list[Anomaly]:
@@ -156,10 +189,15 @@ def ledger_blind(history: History) -> list[Anomaly]:
             and executions(history, history.tokens[job.name]) == 0]
 
 
-CHECKS = (at_most_once, ledger_blind, one_successor, successor_gate, verdict_while_running,
-          uncertain_visible)
+CHECKS = (at_most_once, ledger_blind, one_successor, resolution_consistent, successor_gate,
+          verdict_while_running, uncertain_visible)
 
 
 def check(history: History) -> list[Anomaly]:
-    """Every anomaly in ``history``, check by check."""
+    """Every anomaly in ``history``, check by check (known gaps included, marked)."""
     return [a for chk in CHECKS for a in chk(history)]
+
+
+def hard(anomalies: list[Anomaly]) -> list[Anomaly]:
+    """The anomalies that are not explained by a known gap."""
+    return [a for a in anomalies if not a.known_gap]

@@ -143,6 +143,24 @@ class History:
     def to_json(self) -> str:
         return json.dumps(asdict(self), default=str)
 
+    @classmethod
+    def from_json(cls, text: str) -> History:
+        """A history saved by :meth:`to_json` (to check it again with a newer checker)."""
+        raw = json.loads(text)
+
+        def job(d: dict[str, Any]) -> JobSample:
+            return JobSample(**{**d, "conditions": tuple(tuple(c) for c in d["conditions"])})
+
+        return cls(
+            seed=raw["seed"], namespace=raw["namespace"],
+            ops=[OpRecord(r["t"], Op(**r["op"]), r["outcome"], r["target"]) for r in raw["ops"]],
+            jobs=[job(j) for j in raw["jobs"]],
+            records=[RecordSample(**r) for r in raw["records"]], tokens=raw["tokens"],
+            final_jobs=[job(j) for j in raw["final_jobs"]],
+            events=[EventSample(**e) for e in raw["events"]],
+            unresolved_gauge=raw["unresolved_gauge"], ledger=raw["ledger"],
+            settled=raw["settled"])
+
     def log_lines(self) -> list[str]:
         return [f"{r.t:7.1f}s #{r.op.index:<3} {r.op.kind:<15} {r.target:<22} {r.outcome}"
                 for r in self.ops]

@@ -45,7 +45,7 @@ def run_campaign(cluster: Cluster, runner: PodRunner, operator: Operator, namesp
     anomalies = checker.check(history)
     log("summary: " + json.dumps(history.summary(), sort_keys=True))
     for anomaly in anomalies:
-        log(f"ANOMALY {anomaly}")
+        log(f"{'KNOWN GAP' if anomaly.known_gap else 'ANOMALY'} {anomaly}")
     if anomalies:
         log(replay_hint(seed, operations))
     return history, anomalies

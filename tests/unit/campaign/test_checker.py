@@ -107,6 +107,35 @@ def test_a_refused_successor_is_no_successor() -> None:
     assert checker.check(h) == []
 
 
+def test_two_successors_of_a_recreated_predecessor_are_a_known_gap() -> None:
+    h = clean()
+    h.tokens["j2-alt"] = "tok-j2-alt"
+    h.jobs.append(job("j2", 5.0, uid="uid-j2-again", phase="Failed", reason="SidecarRestarted",
+                      uncertain=True, resolution="NotHappened"))
+    h.jobs.append(job("j2-alt", 6.0, supersedes="j2", linked="j2"))
+    h.ledger.append("Research tok-j2-alt campaign and list the key facts.")
+    found = checker.check(h)
+    assert [a.check for a in found] == ["one_successor"] and found[0].known_gap
+    assert checker.hard(found) == []
+
+
+def test_contradicting_resolutions_of_one_action_are_caught_as_a_known_gap() -> None:
+    h = clean()
+    h.jobs.append(job("j2", 5.0, uid="uid-j2-again", phase="Failed", uncertain=True,
+                      resolution="Happened"))
+    found = checker.check(h)
+    assert [a.check for a in found] == ["resolution_consistent"]
+    assert "Happened" in found[0].detail and "NotHappened" in found[0].detail
+    assert found[0].known_gap and checker.hard(found) == []
+
+
+def test_the_same_resolution_seen_again_is_consistent() -> None:
+    h = clean()
+    h.jobs.append(job("j2", 5.0, uid="uid-j2-again", phase="Failed", uncertain=True,
+                      resolution="NotHappened"))
+    assert checker.check(h) == []
+
+
 def test_a_successor_of_an_unresolved_or_happened_predecessor_is_caught() -> None:
     for resolution in ("", "Happened"):
         h = clean()
@@ -179,3 +208,11 @@ def test_the_summary_counts_operations_and_faults() -> None:
     s = clean().summary()
     assert (s["operations"], s["faults_total"], s["faults"]) == (2, 1, {"sidecar_kill": 1})
     assert s["uncertain"] == 2 and s["model_calls"] == 5
+
+
+def test_a_saved_history_checks_the_same_after_loading() -> None:
+    h = clean()
+    h.ledger.append("Research tok-j1 campaign and list the key facts.")
+    again = History.from_json(h.to_json())
+    assert again == h
+    assert checker.check(again) == checker.check(h) != []
