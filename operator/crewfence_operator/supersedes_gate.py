@@ -141,7 +141,13 @@ async def supersedes_gate(body: Mapping[str, Any], action_id: str,
 async def admission_gate(body: Mapping[str, Any], runtime: Runtime) -> machine.Gate:
     """:func:`supersedes_gate` as the state machine's :class:`machine.Gate` (the hook the
     CrewJob handler calls before the first admission: ``Runtime.gate``)."""
-    decision = await supersedes_gate(body, supersede.effective_action_id(body), runtime)
+    return machine_gate(
+        await supersedes_gate(body, supersede.effective_action_id(body), runtime))
+
+
+def machine_gate(decision: supersede.GateDecision) -> machine.Gate:
+    """A gate decision as the state machine's :class:`machine.Gate` (pure): proceed opens
+    it, refuse finishes the job (invalid spec), wait keeps it Pending."""
     if decision.gate is supersede.Gate.PROCEED:
         return machine.OPEN_GATE
     if decision.gate is supersede.Gate.REFUSE:

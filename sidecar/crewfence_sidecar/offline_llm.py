@@ -17,6 +17,10 @@ rehearsing cancellation and crash recovery:
   ``tool`` messages), and the usual answer once all were called. Markers are read from the
   first message that carries any, so a marker repeated by a system prompt is not called twice.
 
+Off by default, for tests that count executions outside every journal: with
+``CREWFENCE_OFFLINE_LLM_LEDGER`` naming a file, every call appends one JSON line to it
+(:func:`append_ledger`).
+
 crewai 1.15 calls the sync ``call`` from worker threads even under ``akickoff`` (and, to
 rewrite an agent's knowledge search query, on the event loop's own thread: the sidecar
 runs such crews on a private loop, see ``operations``), so cancelling a job's asyncio task
@@ -35,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import hashlib
+import json
 import os
 import re
 import threading
@@ -153,6 +158,34 @@ def next_tool_call(messages: str | list[LLMMessage],
     digest = hashlib.sha256(f"{done}:{name}".encode()).hexdigest()[:12]
     return {"id": f"call_{digest}", "type": "function",
             "function": {"name": known.get(wanted, wanted), "arguments": json.dumps(args)}}
+
+
+LEDGER_ENV = "CREWFENCE_OFFLINE_LLM_LEDGER"
+
+
+def append_ledger(prompt: str) -> None:
+    """With ``CREWFENCE_OFFLINE_LLM_LEDGER`` set (off by default), append one JSON line per
+    call: ``{"t", "pid", "host", "task"}``, ``task`` being the marker-free excerpt of the
+    current task (so a job whose input carries a unique token can be counted by it).
+
+    Invariant: the ledger lives outside every state folder and is only ever appended to (one
+    ``write`` of a line shorter than ``PIPE_BUF`` with ``O_APPEND``: lines from concurrent
+    processes never interleave), so it counts model calls even when a journal is lost. A
+    failure to write never fails the call.
+    """
+    path = os.environ.get(LEDGER_ENV)
+    if not path:
+        return
+    line = json.dumps({"t": round(time.time(), 3), "pid": os.getpid(),
+                       "host": os.environ.get("HOSTNAME", ""), "task": _excerpt(prompt)})
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, (line + "\n").encode())
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
 
 
 class OfflineLLMFailure(RuntimeError):
@@ -322,6 +355,7 @@ class OfflineLLM(BaseLLM):
             messages=messages, tools=tools, from_task=from_task, from_agent=from_agent
         )
         prompt = prompt_text(messages)
+        append_ledger(prompt)
         return prompt, sleep_seconds(prompt)
 
     def _finish(

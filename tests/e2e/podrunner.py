@@ -73,6 +73,9 @@ class Options:
     kubelet_port: int | None = None  # serve container logs to the API server (kubectl logs)
     serving_cert: Path | None = None
     serving_key: Path | None = None
+    offline_llm_ledger: Path | None = None
+    """Given to every container as ``CREWFENCE_OFFLINE_LLM_LEDGER`` (the offline LLM appends
+    one line per call there): model calls counted outside every pod's state folder."""
     volume_sync_seconds: float = 2.0
     """How often mounted Secret/ConfigMap content is synced, as the kubelet does (its sync
     period plus cache TTL is about a minute; shorter here so tests wait less)."""
@@ -327,6 +330,8 @@ class PodWorker:
             # The "image" is this checkout: a second work tree sharing one virtualenv puts its
             # own sources first with PYTHONPATH, and its containers must run them too.
             env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+        if self.runner.opts.offline_llm_ledger is not None:
+            env["CREWFENCE_OFFLINE_LLM_LEDGER"] = str(self.runner.opts.offline_llm_ledger)
         argv = [expand(a, env) for a in (spec.get("command") or []) + (spec.get("args") or [])]
         argv = resolve_command(argv, env["PATH"], mounts)
         working_dir = spec.get("workingDir")
@@ -957,6 +962,8 @@ def main() -> None:
     parser.add_argument("--kubelet-port", type=int, help="serve /containerLogs here (TLS)")
     parser.add_argument("--serving-cert", type=Path)
     parser.add_argument("--serving-key", type=Path)
+    parser.add_argument("--offline-llm-ledger", type=Path,
+                        help="containers append offline LLM calls to this file")
     args = parser.parse_args()
     opts = Options(
         kubeconfig=args.kubeconfig,
@@ -967,6 +974,7 @@ def main() -> None:
         kubelet_port=args.kubelet_port,
         serving_cert=args.serving_cert,
         serving_key=args.serving_key,
+        offline_llm_ledger=args.offline_llm_ledger,
     )
     asyncio.run(amain(opts))
     log("stopped")

@@ -239,6 +239,11 @@ def install_crds(info: ClusterInfo, files: list[Path] | None = None) -> list[str
     return crds
 
 
+def offline_llm_ledger(info: ClusterInfo) -> Path:
+    """The file every pod's offline LLM appends its calls to (outside every state claim)."""
+    return Path(info.state_dir) / "offline-llm-ledger.jsonl"
+
+
 def start_pod_runner(info: ClusterInfo) -> None:
     state_dir = Path(info.state_dir)
     _start(
@@ -253,6 +258,7 @@ def start_pod_runner(info: ClusterInfo) -> None:
             f"--kubelet-port={net.free_port()}",
             f"--serving-cert={state_dir / 'pki' / 'kubelet.crt'}",
             f"--serving-key={state_dir / 'pki' / 'kubelet.key'}",
+            f"--offline-llm-ledger={offline_llm_ledger(info)}",
         ],
     )
     ready = state_dir / "podrunner" / "ready"
