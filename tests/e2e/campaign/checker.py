@@ -22,9 +22,11 @@ life"):
   CrewJob, and the operator's gauge of unresolved uncertain CrewJobs matching the objects.
 
 A check that fires only because of a gap known and being worked on carries ``known_gap`` (the
-e2e test reports it without failing; remove the classification once the gap is closed):
-resolutions and the one-successor claim are not yet journal facts, so a predecessor deleted
-and re-applied loses both (``KNOWN_GAP_RESOLUTION_FACTS``).
+e2e test reports it without failing; remove the classification once the gap is closed). The
+resolution and the one-successor claim are journal facts now (the successor gate reads only
+the journal), but a re-applied predecessor's status shows its spec's resolution for a moment
+before the journal's answer replaces it (``ResolutionConflict``): a sample taken in that
+moment looks like a second resolution (``KNOWN_GAP_RESOLUTION_FACTS``).
 """
 
 from __future__ import annotations
@@ -35,8 +37,8 @@ from dataclasses import dataclass
 from campaign.history import History, JobSample
 
 RESOLVED_FOR_SUCCESSOR = frozenset({"NotHappened", "Compensated"})
-KNOWN_GAP_RESOLUTION_FACTS = ("resolutions and successor claims are not yet journal facts: a "
-                              "re-created CrewJob starts unresolved and unclaimed")
+KNOWN_GAP_RESOLUTION_FACTS = ("a re-created CrewJob's status shows its spec's resolution until "
+                              "the journal's finding replaces it")
 UNCERTAIN_CONDITION = "OutcomeUncertain"
 
 
