@@ -79,11 +79,18 @@ class EventName(StrEnum):
     MODEL_CALL = "model_call"
     TOOL_CALL_STARTED = "tool_call_started"
     TOOL_CALL_FINISHED = "tool_call_finished"
+    # --- resume (a successor reusing its predecessor's journaled trajectory) ---
+    TASK_REUSED = "task_reused"
+    TOOL_CALL_REUSED = "tool_call_reused"
+    BATCH_ITEM_COMPLETED = "batch_item_completed"
+    BATCH_ITEM_REUSED = "batch_item_reused"
 
 
 EFFECT_EVENTS: Final = frozenset({EventName.TASK_STARTED, EventName.TASK_COMPLETED,
                                   EventName.MODEL_CALL, EventName.TOOL_CALL_STARTED,
-                                  EventName.TOOL_CALL_FINISHED})
+                                  EventName.TOOL_CALL_FINISHED, EventName.TASK_REUSED,
+                                  EventName.TOOL_CALL_REUSED, EventName.BATCH_ITEM_COMPLETED,
+                                  EventName.BATCH_ITEM_REUSED})
 """Events a job's ledger appends between ``started`` and its terminal event."""
 
 TERMINAL_EVENTS: Final = frozenset({EventName.COMPLETED, EventName.FAILED, EventName.CANCELLED})
@@ -103,6 +110,9 @@ class Operation(StrEnum):
     KNOWLEDGE_QUERY = "knowledge_query"
     MEMORY_RESET = "memory_reset"
 
+
+RESUMABLE_OPERATIONS: Final = frozenset({Operation.RUN, Operation.BATCH_RUN})
+"""Operations a start may resume (``resume_from``): the ones the effect ledger journals."""
 
 CONTROL_OPERATIONS: Final = ("cancel", "events", "status")
 """Listed by ``/health`` with the enabled startable operations, all sorted (AIP)."""
@@ -219,6 +229,10 @@ class StartRequest:
     input: dict[str, Any]
     timeout_ms: int | None = None
     """None when the request omitted it (the hash then carries ``null``)."""
+    resume_from: str | None = None
+    """The predecessor's action id when this start resumes its journaled trajectory (see
+    ``crewfence_sidecar.resume``); None for a fresh start. Part of the request hash only when
+    set, so the hash of a request without it is what it always was."""
 
     @property
     def effective_timeout_ms(self) -> int:
@@ -231,10 +245,13 @@ class StartRequest:
         }
         if self.timeout_ms is not None:
             body["timeout_ms"] = self.timeout_ms
+        if self.resume_from is not None:
+            body["resume_from"] = self.resume_from
         return body
 
 
-START_FIELDS: Final = frozenset({"crew_id", "action_id", "operation", "input", "timeout_ms"})
+START_FIELDS: Final = frozenset({"crew_id", "action_id", "operation", "input", "timeout_ms",
+                                 "resume_from"})
 REQUIRED_START_FIELDS: Final = frozenset({"crew_id", "action_id", "operation", "input"})
 
 
@@ -315,8 +332,16 @@ def parse_start_request(body: object) -> StartRequest:
         if not _is_int(timeout_ms) or not TIMEOUT_MS_MIN <= timeout_ms <= TIMEOUT_MS_MAX:
             raise ContractError(400, "invalid_request",
                                 f"timeout_ms must be an integer {TIMEOUT_MS_MIN}..{TIMEOUT_MS_MAX}")
+    resume_from = body.get("resume_from")
+    if resume_from is not None:
+        resume_from = validate_id("resume_from", resume_from)
+        if resume_from == action_id:
+            raise ContractError(400, "invalid_request", "resume_from must name another action")
+        if operation not in RESUMABLE_OPERATIONS:
+            raise ContractError(400, "invalid_request",
+                                "resume_from applies to run and batch_run only")
     return StartRequest(crew_id=crew_id, action_id=action_id, operation=operation,
-                        input=raw_input, timeout_ms=timeout_ms)
+                        input=raw_input, timeout_ms=timeout_ms, resume_from=resume_from)
 
 
 def request_hash(req: StartRequest, idempotency_key: str) -> str:
@@ -329,6 +354,8 @@ def request_hash(req: StartRequest, idempotency_key: str) -> str:
         "timeout_ms": req.timeout_ms,
         "idempotency_key": idempotency_key,
     }
+    if req.resume_from is not None:  # absent from the material otherwise: old hashes hold
+        material["resume_from"] = req.resume_from
     try:
         canonical = rfc8785.dumps(material)
     except (rfc8785.CanonicalizationError, ValueError, TypeError) as exc:
