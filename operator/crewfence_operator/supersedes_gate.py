@@ -19,6 +19,7 @@ from kubernetes.client.exceptions import ApiException
 
 from crewfence_operator import kube
 from crewfence_operator.crewjob import machine, outcome, supersede
+from crewfence_operator.crewjob.spec import default_action_id
 
 
 def as_body(obj: Mapping[str, Any]) -> kopf.Body:
@@ -38,8 +39,11 @@ async def supersedes_gate(body: Mapping[str, Any], action_id: str) -> supersede.
     namespace, name = str(meta["namespace"]), str(meta["name"])
     predecessor = await asyncio.to_thread(kube.get_crewjob, namespace,
                                           str(predecessor_name))
+    resume_from = (default_action_id(namespace, str(predecessor_name))
+                   if spec.get("resume") else None)
     decision = supersede.decide(successor_name=name, successor_action_id=action_id,
-                                predecessor=predecessor, predecessor_name=str(predecessor_name))
+                                predecessor=predecessor, predecessor_name=str(predecessor_name),
+                                resume_from=resume_from)
     if not decision.proceed or predecessor is None:
         return decision
     if ((predecessor.get("status") or {}).get("supersededBy") or {}).get("name") != name:
@@ -67,6 +71,8 @@ async def admission_gate(body: Mapping[str, Any]) -> machine.Gate:
     CrewJob handler calls before the first admission: ``Runtime.gate``)."""
     decision = await supersedes_gate(body, supersede.effective_action_id(body))
     if decision.gate is supersede.Gate.PROCEED:
+        if decision.pin is not None:  # spec.resume: only where the predecessor's journal is
+            return machine.Gate(pin_ordinal=decision.pin[0], pin_journal=decision.pin[1])
         return machine.OPEN_GATE
     if decision.gate is supersede.Gate.REFUSE:
         return machine.Gate(open=False, message=decision.message,

@@ -966,13 +966,30 @@ class EffectSummary:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     in_doubt: list[InDoubtCall] = field(default_factory=list)
+    resumed_from: str | None = None
+    """A resumed job: the predecessor whose journaled trajectory it reused."""
+    tasks_reused: int = 0
+    """Tasks not run again: their journaled outputs were reused (``task_reused``)."""
+    tool_calls_reused: int = 0
+    """Tool calls not executed again: answered from the journal (``tool_call_reused``)."""
+    batch_items_reused: int = 0
 
     def to_status(self) -> dict[str, Any]:
         """The CrewJob ``status.effects`` shape (at most MAX_STATUS_IN_DOUBT listed)."""
         return {"tasksCompleted": self.tasks_completed, "tasksTotal": self.tasks_total,
                 "modelCalls": self.model_calls, "toolCalls": self.tool_calls,
                 "inDoubt": [c.to_status() for c in self.in_doubt[:MAX_STATUS_IN_DOUBT]],
-                "inDoubtCount": len(self.in_doubt)}
+                "inDoubtCount": len(self.in_doubt), **self._reused_status()}
+
+    def _reused_status(self) -> dict[str, Any]:
+        """``reused`` (only for a resumed job): what came from the predecessor's journal; the
+        other counts (modelCalls, toolCalls, tasksCompleted) are what ran live."""
+        if self.resumed_from is None and not (self.tasks_reused or self.tool_calls_reused
+                                              or self.batch_items_reused):
+            return {}
+        return {"reused": {"fromActionId": self.resumed_from, "tasks": self.tasks_reused,
+                           "toolCalls": self.tool_calls_reused,
+                           "batchItems": self.batch_items_reused}}
 
     def to_usage(self) -> dict[str, Any]:
         """The CrewJob ``status.usage`` shape."""
@@ -1005,6 +1022,9 @@ def summarize_effects(events: Iterable[JobEvent | dict[str, Any]]) -> EffectSumm
     prompt_tokens = completion_tokens = 0
     open_calls: dict[str, InDoubtCall] = {}
     ended_clean = False
+    resumed_from: str | None = None
+    reused = {EventName.TASK_REUSED: 0, EventName.TOOL_CALL_REUSED: 0,
+              EventName.BATCH_ITEM_REUSED: 0}
     for raw in events:
         event = raw if isinstance(raw, JobEvent) else JobEvent.from_wire(raw)
         data = event.data
@@ -1029,6 +1049,14 @@ def summarize_effects(events: Iterable[JobEvent | dict[str, Any]]) -> EffectSumm
                 idempotency_key=key)
         elif event.event == EventName.TOOL_CALL_FINISHED:
             open_calls.pop(str(data.get("idempotency_key") or ""), None)
+        elif event.event in reused:
+            reused[EventName(event.event)] += 1
+            if event.event == EventName.TASK_REUSED:
+                tasks_total = max(tasks_total, _as_int(data.get("total")))
+            if isinstance(data.get("from_action"), str):
+                resumed_from = data["from_action"]
+        elif event.event == EventName.STARTED and isinstance(data.get("resume_from"), str):
+            resumed_from = data["resume_from"]
         elif event.event in TERMINAL_EVENTS:
             ended_clean = (event.event == EventName.COMPLETED
                            and not data.get("uncertain_outcome"))
@@ -1036,4 +1064,7 @@ def summarize_effects(events: Iterable[JobEvent | dict[str, Any]]) -> EffectSumm
     return EffectSummary(tasks_completed=tasks_completed, tasks_total=tasks_total,
                          model_calls=model_calls, tool_calls=tool_calls,
                          prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                         in_doubt=in_doubt)
+                         in_doubt=in_doubt, resumed_from=resumed_from,
+                         tasks_reused=reused[EventName.TASK_REUSED],
+                         tool_calls_reused=reused[EventName.TOOL_CALL_REUSED],
+                         batch_items_reused=reused[EventName.BATCH_ITEM_REUSED])

@@ -312,8 +312,10 @@ class Runtime:
                            operation=req.operation.value, request_hash=digest,
                            status=Status.RUNNING, event_count=0, created_at=now,
                            updated_at=now)
-        started = {"operation": req.operation.value,
-                   "timeout_ms": req.effective_timeout_ms}
+        started: dict[str, Any] = {"operation": req.operation.value,
+                                   "timeout_ms": req.effective_timeout_ms}
+        if req.resume_from is not None:
+            started["resume_from"] = req.resume_from
         try:
             with self.metrics.persist_timer():
                 self.journal.admit(record, started)
