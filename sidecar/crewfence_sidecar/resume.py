@@ -47,6 +47,11 @@ MAX_RESUME_MATERIAL_CHARS: Final = 64 * 1024
 """A task output or tool result longer than this is not journaled as material (it is not
 reusable: on resume its task or call runs again)."""
 
+MAX_PLAN_MATERIAL_CHARS: Final = 32 * 1024 * 1024
+"""Material one plan carries to its worker at most (in journal order: tasks first, then tool
+results); beyond it, outputs and results are dropped from the plan (those tasks and calls run
+again, a call with the predecessor's key), so the job frame stays far below its bound."""
+
 ALREADY_MADE_TEXT: Final = (
     "crewfence: this tool call was already made by an earlier attempt of this job (a person "
     "confirmed it happened), so it is not made again and its result is not known here. "
@@ -174,8 +179,20 @@ def build_plan(predecessor: str, events: Iterable[JobEvent], resolution: str | N
             if index is not None and "output" in data:
                 batch[index] = data["output"]
     prefix: list[str] = []
-    while len(prefix) in outputs:
+    budget = MAX_PLAN_MATERIAL_CHARS
+    while len(prefix) in outputs and len(outputs[len(prefix)]) <= budget:
+        budget -= len(outputs[len(prefix)])
         prefix.append(outputs[len(prefix)])
+    for where in sorted(calls):
+        result = calls[where].result
+        if result is not None:
+            if len(result) > budget:
+                calls[where] = JournaledCall(
+                    tool=calls[where].tool, arguments_sha256=calls[where].arguments_sha256,
+                    idempotency_key=calls[where].idempotency_key,
+                    finished=calls[where].finished, result=None)
+            else:
+                budget -= len(result)
     return ResumePlan(predecessor=predecessor, resolution=resolution,
                       task_outputs=tuple(prefix), tasks_total=total, calls=calls,
                       batch_outputs=batch)

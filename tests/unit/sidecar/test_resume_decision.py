@@ -181,3 +181,18 @@ def test_resume_from_is_parsed_and_bounded() -> None:
         with pytest.raises(ContractError) as err:
             parse_start_request(bad)
         assert err.value.status == 400
+
+
+def test_a_plan_over_its_material_budget_drops_material_not_calls(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from crewfence_sidecar import resume
+
+    monkeypatch.setattr(resume, "MAX_PLAN_MATERIAL_CHARS", 10)
+    events = _events(_completed(0, "12345"), _started(0, 0), _finished(0, 0, "123456"),
+                     _started(0, 1), _finished(0, 1, "1234"))
+    plan = build_plan(PRED, events, None)
+    assert plan.task_outputs == ("12345",)
+    # the first result does not fit what is left (5): it reruns with its key; the next fits
+    assert decide_tool(plan, 0, 0, "tickets/create_ticket", "a" * 64).action is \
+        ToolAction.RERUN_SAME_KEY
+    assert decide_tool(plan, 0, 1, "tickets/create_ticket", "a" * 64).result == "1234"
