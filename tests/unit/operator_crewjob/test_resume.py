@@ -149,3 +149,22 @@ def test_explain_puts_both_trajectories_side_by_side() -> None:
            "journal" in rows[2]
     assert "predecessor ran (cfk1-bbbbbbbbbbbb), in doubt; successor ran again, same key " \
            "(cfk1-bbbbbbbbbbbb), finished" in rows[3]
+
+
+def test_the_followed_stream_counts_what_a_resumed_job_reused() -> None:
+    from crewfence_operator.crewjob.effects import EffectLog
+    from crewfence_sidecar.contract import JobEvent
+
+    log = EffectLog()
+    raw = [("started", {"resume_from": "team-a/job-1"}),
+           ("task_reused", {"task": "a", "index": 0, "total": 2, "from_action": "team-a/job-1"}),
+           ("tool_call_reused", {"tool": "t", "task_index": 1, "call_index": 0,
+                                 "idempotency_key": "k", "action": "replay",
+                                 "from_action": "team-a/job-1"}),
+           ("task_completed", {"task": "b", "index": 1, "total": 2})]
+    for seq, (name, data) in enumerate(raw):
+        log.observe(JobEvent(event=name, sequence=seq, data=data))
+    effects = log.summary().to_status()
+    assert effects["reused"] == {"fromActionId": "team-a/job-1", "tasks": 1, "toolCalls": 1,
+                                 "batchItems": 0}
+    assert (effects["tasksCompleted"], effects["tasksTotal"], effects["toolCalls"]) == (1, 2, 0)
