@@ -102,7 +102,7 @@ def lines(path: Path) -> list[dict[str, Any]]:
 
 
 def events(url: str, action_id: str) -> list[dict[str, Any]]:
-    _, page = call(f"{url}/jobs/{action_id}/events?cursor=0&limit=10000")
+    _, page = call(f"{url}/jobs/{action_id}/events?cursor=0&limit=1000")
     return list(page["events"])
 
 

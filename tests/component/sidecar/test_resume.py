@@ -131,6 +131,10 @@ def _lines(path: Path, title: str) -> list[dict[str, Any]]:
     return [r for r in rows if r.get("title") == title]
 
 
+def _lines_all(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
 def _events(url: str, action_id: str) -> list[dict[str, Any]]:
     status, page = _call(f"{url}/jobs/{action_id}/events?cursor=0&limit=1000")
     assert status == 200, page
@@ -187,17 +191,36 @@ def test_a_resumed_four_task_crew_reruns_only_what_is_in_doubt(
         assert job["status"] == "completed"
         pred_events = _events(second.url, "pred")
         events = _events(second.url, "succ")
+        served = {r["title"]: len(_lines(ledger, r["title"])) for r in _lines_all(ledger)}
+        fresh: list[dict[str, Any]] = []
+        if outcome == "NotHappened":  # the same crew uninterrupted, for its task outputs
+            status, _ = _call(f"{second.url}/jobs", "POST", {**body, "action_id": "fresh"},
+                              headers("key-fresh"))
+            assert status == 200
+            fresh = _events(second.url, "fresh")
     finally:
         second.terminate()
+    if fresh:
+        # the reused outputs fed tasks 3-4 as context exactly as in an uninterrupted run: the
+        # offline model's answer carries a digest of its whole prompt, context included
+        def outputs(evs: list[dict[str, Any]], name: str) -> dict[int, str]:
+            return {e["data"]["index"]: e["data"]["output_sha256"] for e in evs
+                    if e["event"] == name}
+
+        assert outputs(events, "task_completed") == {
+            i: h for i, h in outputs(fresh, "task_completed").items() if i >= 2}
+        assert outputs(events, "task_reused") == outputs(pred_events, "task_completed")
     pred_keys = {e["data"]["task_index"]: e["data"]["idempotency_key"]
                  for e in pred_events if e["event"] == "tool_call_started"}
     assert sorted(pred_keys) == [0, 1, 2]
     # tasks 1-2 and their calls: once (the predecessor's); the fourth: once (the successor's)
-    assert [r["meta_key"] for r in _lines(ledger, "S-1")] == [pred_keys[0]]
-    assert [r["meta_key"] for r in _lines(ledger, "S-2")] == [pred_keys[1]]
-    fourth = _lines(ledger, "S-4")
-    assert len(fourth) == 1 and fourth[0]["meta_key"] not in pred_keys.values()
-    third = _lines(ledger, "S-3")
+    assert served == {"S-1": 1, "S-2": 1, "S-3": 2 if outcome == "NotHappened" else 1,
+                      "S-4": 1}
+    assert [r["meta_key"] for r in _lines(ledger, "S-1")][:1] == [pred_keys[0]]
+    assert [r["meta_key"] for r in _lines(ledger, "S-2")][:1] == [pred_keys[1]]
+    fourth = _lines(ledger, "S-4")[:1]
+    assert fourth[0]["meta_key"] not in pred_keys.values()
+    third = _lines(ledger, "S-3")[:served["S-3"]]
     if outcome == "NotHappened":  # rerun, with the key the predecessor used
         assert [r["meta_key"] for r in third] == [pred_keys[2], pred_keys[2]]
         assert [r["header_key"] for r in third] == [pred_keys[2], pred_keys[2]]
