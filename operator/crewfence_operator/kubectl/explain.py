@@ -12,7 +12,7 @@ from typing import Any
 
 from crewfence_operator.crewjob import resolution as res
 from crewfence_operator.crewjob import supersede
-from crewfence_operator.kubectl.client import Kube, condition, emit, get_job
+from crewfence_operator.kubectl.client import Kube, PluginError, condition, emit, get_job
 from crewfence_operator.kubectl.sidecar import sidecar_evidence
 from crewfence_operator.kubectl.trajectory import side_by_side
 
@@ -118,8 +118,13 @@ def run(args: argparse.Namespace, kube: Kube) -> int:
     ev = evidence(obj, record, events, note)
     spec, links = obj.get("spec") or {}, (obj.get("status") or {}).get("supersedes") or {}
     if spec.get("resume") and spec.get("supersedes"):
-        pred = get_job(kube, str(spec["supersedes"]))
-        _, pred_events, pred_note = sidecar_evidence(kube, pred)
+        pred_events: Sequence[Mapping[str, Any]] | None
+        try:
+            pred = get_job(kube, str(spec["supersedes"]))
+        except PluginError as exc:  # deleted meanwhile: the successor's side still shows
+            pred_events, pred_note = [], str(exc)
+        else:
+            _, pred_events, pred_note = sidecar_evidence(kube, pred)
         ev["resumed"] = {"predecessor": links.get("name") or spec["supersedes"],
                          "note": pred_note, "events": list(pred_events or [])}
     emit(args, ev, explain_text(ev))
