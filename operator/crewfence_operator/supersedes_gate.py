@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
 
 import kopf
@@ -31,6 +32,7 @@ from crewfence_sidecar.contract import SuccessorRequest
 from crewfence_operator import kube
 from crewfence_operator.crewjob import machine, outcome, supersede
 from crewfence_operator.crewjob.replicas import parse_replicas
+from crewfence_operator.crewjob.spec import default_action_id
 from crewfence_operator.crewjob.supersede import Answer, JournalAnswer
 from crewfence_operator.sidecar_client import (
     Endpoint,
@@ -113,17 +115,30 @@ async def supersedes_gate(body: Mapping[str, Any], action_id: str,
                                predecessor_action_id=pred_action)
     if early is not None:
         return early
+    resume = bool(spec.get("resume"))
+    if resume and pred_action != default_action_id(namespace, str(predecessor_name)):
+        return supersede.GateDecision(
+            supersede.Gate.REFUSE, "resume_mismatch",
+            f"spec.resume continues action {default_action_id(namespace, predecessor_name)!r}, "
+            f"but predecessor {predecessor_name!r} ran as {pred_action!r}")
     crew_name = str(((predecessor or body).get("spec") or {}).get("crewRef", {}).get("name")
                     or "")
     first = (((predecessor or {}).get("status") or {}).get("assignment") or {}).get("ordinal")
     answers, claimed = await ask_journals(
         runtime, namespace, crew_name,
         SuccessorRequest(crew_id=crew_name, action_id=pred_action,
-                         successor_action_id=action_id), first)
+                         successor_action_id=action_id, resume=resume), first)
     decision = supersede.from_journal(answers, predecessor_name=str(predecessor_name),
                                       predecessor_action_id=pred_action, crew=crew_name)
     if claimed is None:
         return decision
+    if resume:
+        # The trajectory is in the journal that took the claim: admitted there or nowhere.
+        holder = next(a.ordinal for a in answers if a.answer is Answer.CLAIMED)
+        crew, _ = await runtime.io.read_crew(namespace, crew_name)
+        journal = next((r.journal_id for r in parse_replicas(crew or {})
+                        if r.ordinal == holder), None)
+        decision = replace(decision, pin=(holder, journal))
     if predecessor is not None:
         await asyncio.to_thread(kube.patch_crewjob_status_unless_gone, namespace,
                                 str(predecessor_name),
@@ -149,6 +164,8 @@ def machine_gate(decision: supersede.GateDecision) -> machine.Gate:
     """A gate decision as the state machine's :class:`machine.Gate` (pure): proceed opens
     it, refuse finishes the job (invalid spec), wait keeps it Pending."""
     if decision.gate is supersede.Gate.PROCEED:
+        if decision.pin is not None:  # spec.resume: only where the predecessor's journal is
+            return machine.Gate(pin_ordinal=decision.pin[0], pin_journal=decision.pin[1])
         return machine.OPEN_GATE
     if decision.gate is supersede.Gate.REFUSE:
         return machine.Gate(open=False, message=decision.message,

@@ -94,6 +94,8 @@ class SidecarConfig:
     worker_max_rss_mb: int = BOUNDS["worker_max_rss_mb"].default
     training_dir: Path | None = None
     ephemeral: bool = False
+    resume_material: bool = False
+    """Journal full task outputs and tool results (bounded) so a successor can resume."""
     allow_unauthenticated: bool = False
     log_level: str = "INFO"
     tls_cert_file: Path | None = None
@@ -149,6 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "enabled (CREWFENCE_TRAINING_DIR)")
     p.add_argument("--ephemeral", action="store_const", const="1", default=None,
                    help="no state file; loopback only (CREWFENCE_EPHEMERAL=1)")
+    p.add_argument("--resume-material", action="store_const", const="1", default=None,
+                   help="journal full task outputs and tool results (at most 64 KiB each) so a "
+                   "successor can resume the job (CREWFENCE_RESUME_MATERIAL=1)")
     p.add_argument("--allow-unauthenticated", action="store_const", const="1", default=None,
                    help="no token; loopback only (CREWFENCE_ALLOW_UNAUTHENTICATED=1)")
     p.add_argument("--log-level", help="DEBUG, INFO, WARNING, ERROR (CREWFENCE_LOG_LEVEL)")
@@ -239,6 +244,8 @@ def load_config(argv: Sequence[str] | None = None,
 
     ephemeral = _flag_bool(_pick(args.ephemeral, env, "CREWFENCE_EPHEMERAL"),
                            "CREWFENCE_EPHEMERAL")
+    resume_material = _flag_bool(_pick(args.resume_material, env, "CREWFENCE_RESUME_MATERIAL"),
+                                 "CREWFENCE_RESUME_MATERIAL")
     unauth = _flag_bool(_pick(args.allow_unauthenticated, env,
                               "CREWFENCE_ALLOW_UNAUTHENTICATED"),
                         "CREWFENCE_ALLOW_UNAUTHENTICATED")
@@ -312,6 +319,7 @@ def load_config(argv: Sequence[str] | None = None,
         state_file=Path(state_raw).absolute() if state_raw else None,
         token=token, host=host, port=port, allowed_operations=operations,
         training_dir=training_dir, ephemeral=ephemeral, allow_unauthenticated=unauth,
+        resume_material=resume_material,
         log_level=log_level,
         token_file=Path(token_file).absolute() if token_file is not None else None,
         tls_cert_file=tls_files[0] if tls_files else None,

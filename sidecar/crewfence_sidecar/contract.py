@@ -79,11 +79,18 @@ class EventName(StrEnum):
     MODEL_CALL = "model_call"
     TOOL_CALL_STARTED = "tool_call_started"
     TOOL_CALL_FINISHED = "tool_call_finished"
+    # --- resume (a successor reusing its predecessor's journaled trajectory) ---
+    TASK_REUSED = "task_reused"
+    TOOL_CALL_REUSED = "tool_call_reused"
+    BATCH_ITEM_COMPLETED = "batch_item_completed"
+    BATCH_ITEM_REUSED = "batch_item_reused"
 
 
 EFFECT_EVENTS: Final = frozenset({EventName.TASK_STARTED, EventName.TASK_COMPLETED,
                                   EventName.MODEL_CALL, EventName.TOOL_CALL_STARTED,
-                                  EventName.TOOL_CALL_FINISHED})
+                                  EventName.TOOL_CALL_FINISHED, EventName.TASK_REUSED,
+                                  EventName.TOOL_CALL_REUSED, EventName.BATCH_ITEM_COMPLETED,
+                                  EventName.BATCH_ITEM_REUSED})
 """Events a job's ledger appends between ``started`` and its terminal event."""
 
 TERMINAL_EVENTS: Final = frozenset({EventName.COMPLETED, EventName.FAILED, EventName.CANCELLED})
@@ -103,6 +110,9 @@ class Operation(StrEnum):
     KNOWLEDGE_QUERY = "knowledge_query"
     MEMORY_RESET = "memory_reset"
 
+
+RESUMABLE_OPERATIONS: Final = frozenset({Operation.RUN, Operation.BATCH_RUN})
+"""Operations a start may resume (``resume_from``): the ones the effect ledger journals."""
 
 CONTROL_OPERATIONS: Final = ("cancel", "events", "status")
 """Listed by ``/health`` with the enabled startable operations, all sorted (AIP)."""
@@ -222,6 +232,10 @@ class StartRequest:
     input: dict[str, Any]
     timeout_ms: int | None = None
     """None when the request omitted it (the hash then carries ``null``)."""
+    resume_from: str | None = None
+    """The predecessor's action id when this start resumes its journaled trajectory (see
+    ``crewfence_sidecar.resume``); None for a fresh start. Part of the request hash only when
+    set, so the hash of a request without it is what it always was."""
 
     @property
     def effective_timeout_ms(self) -> int:
@@ -234,10 +248,13 @@ class StartRequest:
         }
         if self.timeout_ms is not None:
             body["timeout_ms"] = self.timeout_ms
+        if self.resume_from is not None:
+            body["resume_from"] = self.resume_from
         return body
 
 
-START_FIELDS: Final = frozenset({"crew_id", "action_id", "operation", "input", "timeout_ms"})
+START_FIELDS: Final = frozenset({"crew_id", "action_id", "operation", "input", "timeout_ms",
+                                 "resume_from"})
 REQUIRED_START_FIELDS: Final = frozenset({"crew_id", "action_id", "operation", "input"})
 
 
@@ -318,8 +335,16 @@ def parse_start_request(body: object) -> StartRequest:
         if not _is_int(timeout_ms) or not TIMEOUT_MS_MIN <= timeout_ms <= TIMEOUT_MS_MAX:
             raise ContractError(400, "invalid_request",
                                 f"timeout_ms must be an integer {TIMEOUT_MS_MIN}..{TIMEOUT_MS_MAX}")
+    resume_from = body.get("resume_from")
+    if resume_from is not None:
+        resume_from = validate_id("resume_from", resume_from)
+        if resume_from == action_id:
+            raise ContractError(400, "invalid_request", "resume_from must name another action")
+        if operation not in RESUMABLE_OPERATIONS:
+            raise ContractError(400, "invalid_request",
+                                "resume_from applies to run and batch_run only")
     return StartRequest(crew_id=crew_id, action_id=action_id, operation=operation,
-                        input=raw_input, timeout_ms=timeout_ms)
+                        input=raw_input, timeout_ms=timeout_ms, resume_from=resume_from)
 
 
 def request_hash(req: StartRequest, idempotency_key: str) -> str:
@@ -332,6 +357,8 @@ def request_hash(req: StartRequest, idempotency_key: str) -> str:
         "timeout_ms": req.timeout_ms,
         "idempotency_key": idempotency_key,
     }
+    if req.resume_from is not None:  # absent from the material otherwise: old hashes hold
+        material["resume_from"] = req.resume_from
     try:
         canonical = rfc8785.dumps(material)
     except (rfc8785.CanonicalizationError, ValueError, TypeError) as exc:
@@ -900,16 +927,25 @@ class SuccessorRequest:
     crew_id: str
     action_id: str
     successor_action_id: str
+    resume: bool = False
+    """A resuming successor (``spec.resume``): it never runs a call in doubt that was
+    resolved Happened again, so it may follow a predecessor resolved Happened too."""
 
     def to_wire(self) -> dict[str, Any]:
-        return {"crew_id": self.crew_id, "action_id": self.action_id,
-                "successor_action_id": self.successor_action_id}
+        body: dict[str, Any] = {"crew_id": self.crew_id, "action_id": self.action_id,
+                                "successor_action_id": self.successor_action_id}
+        if self.resume:
+            body["resume"] = True
+        return body
 
 
 def parse_successor_request(body: object, path_action_id: str) -> SuccessorRequest:
     """Validate a successor claim (400 on anything else)."""
-    body = _body_object(body, SUCCESSOR_FIELDS)
+    body = _body_object(body, SUCCESSOR_FIELDS | {"resume"})
     _require_fields(body, set(SUCCESSOR_FIELDS))
+    resume = body.get("resume", False)
+    if not isinstance(resume, bool):
+        raise ContractError(400, "invalid_request", "resume must be true or false")
     crew_id = validate_id("crew_id", body["crew_id"])
     action_id = validate_id("action_id", body["action_id"])
     successor = validate_id("successor_action_id", body["successor_action_id"])
@@ -919,7 +955,7 @@ def parse_successor_request(body: object, path_action_id: str) -> SuccessorReque
         raise ContractError(400, "invalid_request",
                             "a successor must run under a new action id")
     return SuccessorRequest(crew_id=crew_id, action_id=action_id,
-                            successor_action_id=successor)
+                            successor_action_id=successor, resume=resume)
 
 
 def finding_of(resolution_data: dict[str, Any]) -> dict[str, Any]:
@@ -1000,13 +1036,30 @@ class EffectSummary:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     in_doubt: list[InDoubtCall] = field(default_factory=list)
+    resumed_from: str | None = None
+    """A resumed job: the predecessor whose journaled trajectory it reused."""
+    tasks_reused: int = 0
+    """Tasks not run again: their journaled outputs were reused (``task_reused``)."""
+    tool_calls_reused: int = 0
+    """Tool calls not executed again: answered from the journal (``tool_call_reused``)."""
+    batch_items_reused: int = 0
 
     def to_status(self) -> dict[str, Any]:
         """The CrewJob ``status.effects`` shape (at most MAX_STATUS_IN_DOUBT listed)."""
         return {"tasksCompleted": self.tasks_completed, "tasksTotal": self.tasks_total,
                 "modelCalls": self.model_calls, "toolCalls": self.tool_calls,
                 "inDoubt": [c.to_status() for c in self.in_doubt[:MAX_STATUS_IN_DOUBT]],
-                "inDoubtCount": len(self.in_doubt)}
+                "inDoubtCount": len(self.in_doubt), **self._reused_status()}
+
+    def _reused_status(self) -> dict[str, Any]:
+        """``reused`` (only for a resumed job): what came from the predecessor's journal; the
+        other counts (modelCalls, toolCalls, tasksCompleted) are what ran live."""
+        if self.resumed_from is None and not (self.tasks_reused or self.tool_calls_reused
+                                              or self.batch_items_reused):
+            return {}
+        return {"reused": {"fromActionId": self.resumed_from, "tasks": self.tasks_reused,
+                           "toolCalls": self.tool_calls_reused,
+                           "batchItems": self.batch_items_reused}}
 
     def to_usage(self) -> dict[str, Any]:
         """The CrewJob ``status.usage`` shape."""
@@ -1039,6 +1092,9 @@ def summarize_effects(events: Iterable[JobEvent | dict[str, Any]]) -> EffectSumm
     prompt_tokens = completion_tokens = 0
     open_calls: dict[str, InDoubtCall] = {}
     ended_clean = False
+    resumed_from: str | None = None
+    reused = {EventName.TASK_REUSED: 0, EventName.TOOL_CALL_REUSED: 0,
+              EventName.BATCH_ITEM_REUSED: 0}
     for raw in events:
         event = raw if isinstance(raw, JobEvent) else JobEvent.from_wire(raw)
         data = event.data
@@ -1063,6 +1119,14 @@ def summarize_effects(events: Iterable[JobEvent | dict[str, Any]]) -> EffectSumm
                 idempotency_key=key)
         elif event.event == EventName.TOOL_CALL_FINISHED:
             open_calls.pop(str(data.get("idempotency_key") or ""), None)
+        elif event.event in reused:
+            reused[EventName(event.event)] += 1
+            if event.event == EventName.TASK_REUSED:
+                tasks_total = max(tasks_total, _as_int(data.get("total")))
+            if isinstance(data.get("from_action"), str):
+                resumed_from = data["from_action"]
+        elif event.event == EventName.STARTED and isinstance(data.get("resume_from"), str):
+            resumed_from = data["resume_from"]
         elif event.event in TERMINAL_EVENTS:
             ended_clean = (event.event == EventName.COMPLETED
                            and not data.get("uncertain_outcome"))
@@ -1070,4 +1134,7 @@ def summarize_effects(events: Iterable[JobEvent | dict[str, Any]]) -> EffectSumm
     return EffectSummary(tasks_completed=tasks_completed, tasks_total=tasks_total,
                          model_calls=model_calls, tool_calls=tool_calls,
                          prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                         in_doubt=in_doubt)
+                         in_doubt=in_doubt, resumed_from=resumed_from,
+                         tasks_reused=reused[EventName.TASK_REUSED],
+                         tool_calls_reused=reused[EventName.TOOL_CALL_REUSED],
+                         batch_items_reused=reused[EventName.BATCH_ITEM_REUSED])

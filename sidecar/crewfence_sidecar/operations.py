@@ -36,6 +36,7 @@ import asyncio
 import contextlib
 import contextvars
 import hashlib
+import json
 import os
 import threading
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
@@ -57,6 +58,7 @@ from crewfence_sidecar.contract import ARTIFACT_NAME_RE, Operation
 from crewfence_sidecar.crews import CrewCatalog
 from crewfence_sidecar.offline_llm import bind_cancel_event, resolve_llm, unbind_cancel_event
 from crewfence_sidecar.private_loop import on_loop, run_on_private_loop
+from crewfence_sidecar.resume import MAX_RESUME_MATERIAL_CHARS, ResumePlan, ToolReplay
 from crewfence_sidecar.runtime import JobContext
 from crewfence_sidecar.tools import ledger
 
@@ -188,9 +190,18 @@ async def _stream_kickoff(crew: Crew, inputs: dict[str, Any],
     return crew_output(crew, streaming.result)
 
 
+def _plan(ctx: ExecutionContext) -> ResumePlan | None:
+    return ResumePlan.from_wire(ctx.resume) if ctx.resume else None
+
+
 async def _run(catalog: CrewCatalog, ctx: ExecutionContext, cancelled: threading.Event) -> Any:
     crew = await _build(catalog, ctx.crew_id)
     crew.stream = True
+    plan = _plan(ctx)
+    if plan is not None:
+        from crewfence_sidecar.resume_crew import reuse_completed_tasks
+
+        reuse_completed_tasks(crew, plan, ledger.current())
     if not uses_knowledge(crew):
         return await _stream_kickoff(crew, dict(ctx.input), ctx.emit_chunk)
     # The runtime journals chunks on the sidecar's loop, not on the private one.
@@ -207,21 +218,45 @@ async def _batch_run(catalog: CrewCatalog, ctx: ExecutionContext,
     # The equivalent of crewai's akickoff_for_each with a FRESH crew per input (its own
     # crew.copy() shares one LLM object between the copies, so token usage is summed wrongly)
     # and at most BATCH_CONCURRENCY kickoffs at a time (it starts all inputs at once).
+    # Resume: an input whose output the predecessor journaled (batch_item_completed) is not
+    # run again; with resume material on, each finished input's output is journaled as it
+    # ends, so a successor can skip it.
     inputs = [dict(item) for item in ctx.input["inputs"]]
     slots = asyncio.Semaphore(BATCH_CONCURRENCY)
+    plan = _plan(ctx)
+    job_ledger = ledger.current()
 
-    async def one(item: dict[str, Any]) -> CrewOutput:
+    def journal_item(event: str, index: int, output: dict[str, Any]) -> None:
+        if job_ledger is None or ctx.record_effect is None:
+            return
+        data: dict[str, Any] = {"index": index, "total": len(inputs), "at": ledger.utc_at()}
+        if plan is not None:
+            data["from_action"] = plan.predecessor
+        if len(json.dumps(output, ensure_ascii=False)) <= MAX_RESUME_MATERIAL_CHARS:
+            data["output"] = output
+        else:
+            data["material"] = "too_large"
+        ctx.record_effect(event, data, False)
+
+    async def one(index: int, item: dict[str, Any]) -> dict[str, Any]:
+        if plan is not None and index in plan.batch_outputs:
+            output = dict(plan.batch_outputs[index])
+            journal_item("batch_item_reused", index, output)
+            return output
         async with slots:
             crew = await _build(catalog, ctx.crew_id)
             crew.stream = False
             result = await _off_the_loop_if_needed(crew, crew.akickoff(inputs=item), cancelled)
             if not isinstance(result, CrewOutput):  # pragma: no cover - crewai contract
                 raise ExecutionError("batch_run: crewai returned no CrewOutput")
-            return result
+            output = crew_output(None, result)
+            if ctx.keep_material:
+                journal_item("batch_item_completed", index, output)
+            return output
 
     try:
         async with asyncio.TaskGroup() as group:  # one failure cancels the siblings
-            jobs = [group.create_task(one(item)) for item in inputs]
+            jobs = [group.create_task(one(i, item)) for i, item in enumerate(inputs)]
     except ExceptionGroup as failed:
         # Report the first input's own failure (the runtime records its class), not a group.
         raise failed.exceptions[0] from failed
@@ -230,7 +265,7 @@ async def _batch_run(catalog: CrewCatalog, ctx: ExecutionContext,
     await asyncio.to_thread(reset_crew.reset_memories, command_type="kickoff_outputs")
     # The reference's batch_run output: {results: [<run output>, ...], count}; the summed
     # ``token_usage`` is crewfence's extension.
-    outputs = [crew_output(None, job.result()) for job in jobs]
+    outputs = [job.result() for job in jobs]
     usages = [out["token_usage"] for out in outputs if out["token_usage"]]
     total = ({key: sum(u.get(key, 0) for u in usages) for key in usages[0]} if usages else {})
     return {"results": outputs, "count": len(outputs), "token_usage": total}
@@ -456,7 +491,13 @@ async def execute(catalog: CrewCatalog, ctx: ExecutionContext) -> Any:
         raise ExecutionError(f"unknown crew {ctx.crew_id!r}")
     if ctx.record_effect is None:
         return await _execute(catalog, ctx)
-    job_ledger = ledger.JobLedger(ctx.action_id, ctx.record_effect)
+    plan = _plan(ctx)
+    # batch_run inputs share the job's call counter in timing order: their positions are not
+    # stable, so only a run's tool calls are replayed (a batch reuses whole inputs)
+    replay = (ToolReplay(plan) if plan is not None and ctx.operation == Operation.RUN.value
+              else None)
+    job_ledger = ledger.JobLedger(ctx.action_id, ctx.record_effect,
+                                  keep_material=ctx.keep_material, replay=replay)
     try:
         with ledger.bound(job_ledger):
             output = await _execute(catalog, ctx)

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from crewfence_sidecar.contract import (
     EFFECT_EVENTS,
     OPERATION_TRAITS,
+    RESUMABLE_OPERATIONS,
     SUCCESSOR_ALLOWING,
     UNRECORDED_GRACE_SECONDS,
     ContractError,
@@ -52,9 +53,12 @@ from crewfence_sidecar.journal import (
     utc_now,
 )
 from crewfence_sidecar.metrics import SidecarMetrics
+from crewfence_sidecar.resume import build_plan, unresolved_in_doubt
 from crewfence_sidecar.workers.outcomes import StopReport, WorkerDied
 
 log = logging.getLogger("crewfence.sidecar.runtime")
+_MATERIAL_KEYS = ("output", "result")
+"""Resume material in an effect event's data (see ``tools.ledger``)."""
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,11 @@ class JobContext:
     """``record_effect(event, data, durable) -> journaled``: appends one effect-ledger event
     (``contract.EFFECT_EVENTS``); with ``durable`` it returns only once the event is
     committed durably. Callable from any thread (see ``Runtime.effect_recorder``)."""
+    resume: dict[str, Any] | None = None
+    """A resumed job: its ``resume.ResumePlan`` as JSON (``to_wire``), built at admission
+    from the predecessor's journal."""
+    keep_material: bool = False
+    """Journal resume material (full task outputs, tool results; bounded) for this job."""
 
 
 class Executor(Protocol):
@@ -97,6 +106,8 @@ class RuntimeSettings:
     allowed_operations: frozenset[Operation]
     max_concurrency: int = 4
     training_dir: Path | None = None
+    resume_material: bool = False
+    """Every run/batch_run journals its resume material (``JobContext.keep_material``)."""
 
 
 @dataclass(frozen=True)
@@ -137,6 +148,9 @@ class _Job:
     dropped_effects: int = 0
     stop: StopReport | None = None
     """Set when the job's worker process was stopped and reaped (work_stopped)."""
+    resume: dict[str, Any] | None = None
+    """A resumed job's plan (``ResumePlan.to_wire``), read from the journal at admission and
+    held here until the job ends, so archiving the predecessor meanwhile loses nothing."""
 
     def stop_fields(self) -> dict[str, Any]:
         return self.stop.to_error_fields() if self.stop is not None else {}
@@ -236,8 +250,9 @@ class Runtime:
                 self.metrics.rejection("archived")
                 raise Gone(stone)
             self._check_admissible(req)
+            plan = self._resume_plan(req)
             record = self._persist_admission(req, digest)
-            self._start(record, req)
+            self._start(record, req, plan)
             self.metrics.admission(req.operation.value)
             log.info("admitted", extra={"action_id": req.action_id, "crew_id": req.crew_id,
                                         "operation": req.operation.value})
@@ -261,14 +276,49 @@ class Runtime:
         if required is not None:
             check_template_inputs(req.operation, req.input, required(req.crew_id))
 
+    def _resume_plan(self, req: StartRequest) -> dict[str, Any] | None:
+        """The plan of a start with ``resume_from`` (None without), from the predecessor's
+        journaled events and resolution; refuses (404/409) what cannot be resumed.
+
+        Invariant: a predecessor with tool calls in doubt is resumed only once resolved (the
+        resolution decides whether those calls run again)."""
+        if req.resume_from is None:
+            return None
+        pred = self.journal.get(req.resume_from)
+        if pred is None:
+            if self.journal.tombstone(req.resume_from) is not None:
+                raise ContractError(409, "predecessor_archived",
+                                    "the predecessor was archived: its journaled trajectory is "
+                                    "gone; start without resume_from")
+            raise ContractError(404, "predecessor_unknown",
+                                "resume_from names no action in this journal")
+        if pred.crew_id != req.crew_id or pred.operation != req.operation.value:
+            raise ContractError(409, "resume_mismatch",
+                                "resume_from names an action of another crew or operation")
+        if not pred.terminal:
+            raise ContractError(409, "predecessor_running",
+                                "the predecessor is still running; stop it first")
+        events = self.journal.events(req.resume_from, 0, pred.event_count + 1)
+        resolution = self.journal.resolution(req.resume_from)
+        outcome = None if resolution is None else str(resolution.data.get("outcome"))
+        plan = build_plan(req.resume_from, events, outcome)
+        unresolved = unresolved_in_doubt(plan)
+        if unresolved:
+            raise ContractError(409, "predecessor_unresolved",
+                                f"the predecessor has {len(unresolved)} tool call(s) in doubt; "
+                                "resolve it first (Happened / NotHappened / Compensated)")
+        return plan.to_wire()
+
     def _persist_admission(self, req: StartRequest, digest: str) -> JobRecord:
         now = utc_now()
         record = JobRecord(action_id=req.action_id, crew_id=req.crew_id,
                            operation=req.operation.value, request_hash=digest,
                            status=Status.RUNNING, event_count=0, created_at=now,
                            updated_at=now)
-        started = {"operation": req.operation.value,
-                   "timeout_ms": req.effective_timeout_ms}
+        started: dict[str, Any] = {"operation": req.operation.value,
+                                   "timeout_ms": req.effective_timeout_ms}
+        if req.resume_from is not None:
+            started["resume_from"] = req.resume_from
         try:
             with self.metrics.persist_timer():
                 self.journal.admit(record, started)
@@ -285,10 +335,12 @@ class Runtime:
                                      full=False) from None
         return record
 
-    def _start(self, record: JobRecord, req: StartRequest) -> None:
+    def _start(self, record: JobRecord, req: StartRequest,
+               plan: dict[str, Any] | None = None) -> None:
         traits = OPERATION_TRAITS[req.operation]
         task = asyncio.create_task(self._job(record, req), name=f"job:{record.action_id}")
-        self._jobs[record.action_id] = _Job(task=task, thread_backed=traits.thread_backed)
+        self._jobs[record.action_id] = _Job(task=task, thread_backed=traits.thread_backed,
+                                            resume=plan)
         self._notify(record.action_id)
 
     # --- execution -------------------------------------------------------------------------
@@ -303,7 +355,10 @@ class Runtime:
                          on_stopped=job.record_stop if job is not None else None,
                          on_output=lambda output: self._record_output(req.action_id, output),
                          answered=lambda: self.answers_written(req.action_id),
-                         record_effect=self.effect_recorder(req.action_id))
+                         record_effect=self.effect_recorder(req.action_id),
+                         resume=job.resume if job is not None else None,
+                         keep_material=(self.settings.resume_material
+                                        and req.operation in RESUMABLE_OPERATIONS))
         if req.operation is Operation.TRAIN:
             async with self._train_lock:
                 return await self.executor(ctx)
@@ -403,7 +458,16 @@ class Runtime:
         if name not in EFFECT_EVENTS or record is None or record.terminal:
             return False
         try:
-            self.journal.append_event(action_id, name, data, durable=durable)
+            try:
+                self.journal.append_event(action_id, name, data, durable=durable)
+            except JournalFull:
+                # resume material that does not fit the event bound is left out (not
+                # reusable), the event itself is kept
+                if not any(k in data for k in _MATERIAL_KEYS):
+                    raise
+                data = {k: v for k, v in data.items() if k not in _MATERIAL_KEYS}
+                data["material"] = "too_large"
+                self.journal.append_event(action_id, name, data, durable=durable)
         except (JournalFull, PersistError, TypeError, ValueError) as exc:
             if job is not None:
                 job.dropped_effects += 1
@@ -741,7 +805,7 @@ class Runtime:
             raise ContractError(409, "unresolved",
                                 "the predecessor's uncertain outcome has no journaled "
                                 "resolution yet")
-        if resolution.data.get("outcome") not in SUCCESSOR_ALLOWING:
+        if resolution.data.get("outcome") not in SUCCESSOR_ALLOWING and not req.resume:
             raise ContractError(409, "happened",
                                 f"the predecessor was resolved {resolution.data.get('outcome')}:"
                                 " its work took effect; running it again would duplicate it",

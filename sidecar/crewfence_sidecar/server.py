@@ -167,7 +167,8 @@ def build_sidecar(config: SidecarConfig, crews: CrewSet, executor: Executor,
     runtime = Runtime(opened.journal, crews,
                       RuntimeSettings(allowed_operations=config.allowed_operations,
                                       max_concurrency=config.max_concurrency,
-                                      training_dir=config.training_dir),
+                                      training_dir=config.training_dir,
+                                      resume_material=config.resume_material),
                       executor, metrics)
     app = build_app(runtime, ApiSettings(
         token=config.token, crew_ids=tuple(crews.crew_ids()),

@@ -4,7 +4,8 @@ HTTP on loopback): ``python mcp_ledger_server.py PORT LEDGER_FILE``.
 ``create_ticket(title, sleep=0)`` appends one JSON line to LEDGER_FILE (outside any sidecar
 state dir; fsync'd BEFORE it sleeps, so a test can await the line and then kill the sidecar
 while the call is in flight) with the idempotency key it received in ``_meta`` and in the
-``Idempotency-Key`` header. ``reject_ticket`` answers an MCP error (``isError``).
+``Idempotency-Key`` header; a call with a title it saw before does not sleep.
+``reject_ticket`` answers an MCP error (``isError``).
 """
 
 from __future__ import annotations
@@ -37,12 +38,17 @@ def main() -> None:
     async def create_ticket(title: str, ctx: Context[Any, Any, Any], sleep: float = 0) -> str:
         """Create a ticket titled ``title`` (its effect: one line in the ledger file)."""
         meta_key, header_key = _received(ctx)
+        # a title seen before does not sleep again (a resumed or rerun job repeats the call
+        # the first attempt was killed in; the test must not wait for that attempt's sleep)
+        seen = ledger.exists() and any(
+            json.loads(line).get("title") == title
+            for line in ledger.read_text(encoding="utf-8").splitlines() if line.strip())
         with ledger.open("a", encoding="utf-8") as out:
             out.write(json.dumps({"tool": "create_ticket", "title": title, "meta_key": meta_key,
                                   "header_key": header_key}) + "\n")
             out.flush()
             os.fsync(out.fileno())
-        if sleep:
+        if sleep and not seen:
             await anyio.sleep(min(float(sleep), 600))  # never blocks the other calls
         return f"ticket created: {title}"
 

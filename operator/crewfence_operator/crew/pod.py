@@ -83,6 +83,8 @@ def sidecar_env(
         "CREWFENCE_WORKER_MAX_JOBS": spec.worker_limits.max_jobs,
     }
     env.extend(_env(name, str(value)) for name, value in bounds.items() if value is not None)
+    if j.resume_material:
+        env.append(_env("CREWFENCE_RESUME_MATERIAL", "1"))
     ref = spec.llm.api_key_secret_ref
     if files:
         return credential_files_env(env)

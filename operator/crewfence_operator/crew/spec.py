@@ -67,6 +67,9 @@ class JournalBounds:
     max_event_bytes: int | None = None
     max_state_bytes: int | None = None
     max_concurrency: int | None = None
+    resume_material: bool | None = None
+    """``journal.resumeMaterial``: the sidecar journals resume material (full task outputs and
+    tool results, bounded) so a CrewJob can be resumed (``spec.resume``)."""
     retention_seconds: int | None = None
     """``journal.retention``: terminal records older than this are archived on a schedule."""
 
@@ -183,6 +186,8 @@ def parse_spec(raw: Mapping[str, Any] | None) -> CrewSpec:
         max_event_bytes=_opt_int(j_raw, "maxEventBytes"),
         max_state_bytes=_opt_int(j_raw, "maxStateBytes"),
         max_concurrency=_opt_int(j_raw, "maxConcurrency"),
+        resume_material=(None if j_raw.get("resumeMaterial") is None
+                         else bool(j_raw.get("resumeMaterial"))),
         retention_seconds=(parse_duration(str(j_raw["retention"]))
                            if j_raw.get("retention") else None),
     )

@@ -18,9 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
+from crewfence_sidecar.contract import EFFECT_EVENTS as CONTRACT_EFFECT_EVENTS
 from crewfence_sidecar.contract import (
     EffectSummary,
-    EventName,
     JobEvent,
     JobRecord,
     summarize_effects,
@@ -30,10 +30,9 @@ from crewfence_operator.crewjob.outcome import Verdict
 
 MAX_READS: Final = 3
 """Attempts to read a terminal record's events before finishing without ``status.effects``."""
-EFFECT_EVENTS: Final = frozenset({EventName.TASK_STARTED, EventName.TASK_COMPLETED,
-                                  EventName.MODEL_CALL, EventName.TOOL_CALL_STARTED,
-                                  EventName.TOOL_CALL_FINISHED})
-"""The events an :class:`EffectLog` keeps (the rest only advance its sequence)."""
+EFFECT_EVENTS: Final = CONTRACT_EFFECT_EVENTS
+"""The events an :class:`EffectLog` keeps (the rest only advance its sequence): the wire
+contract's effect events, resume's ``task_reused``/``tool_call_reused``/... included."""
 UNREAD: Final = ("tool calls unknown: the record's events could not be read, so whether a "
                  "tool call was in flight is not known")
 

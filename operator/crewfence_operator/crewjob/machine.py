@@ -126,6 +126,12 @@ class Gate:
     message: str = ""
     refusal: Verdict | None = None
     """Set when the job may never be admitted: it finishes with this verdict."""
+    pin_ordinal: int | None = None
+    """``spec.resume``: admit only on this replica (the predecessor's, whose journal holds the
+    trajectory the job continues); Pending with reason PredecessorReplicaUnavailable while it
+    cannot serve."""
+    pin_journal: str | None = None
+    """The predecessor's journal id there; another journal id means that journal is gone."""
 
 
 OPEN_GATE: Final = Gate()
@@ -587,6 +593,11 @@ def _before_admission(ctx: _Ctx) -> Decision:
     eligible = [r for r in crew.replicas
                 if r.state is ReplicaState.ACTIVE and r.ready and not r.fenced and r.address
                 and journals[r.ordinal] and r.ordinal not in full]
+    if obs.gate.pin_ordinal is not None:
+        pinned = _pinned(ctx, eligible, journals)
+        if not isinstance(pinned, list):
+            return pinned
+        eligible = pinned
     ordinal = choose_ordinal(spec.action_id, [r.ordinal for r in eligible])
     if ordinal is None and full:
         return ctx.wait(s.retry_seconds, Phase.PENDING, Reason.JOURNAL_FULL,
@@ -605,6 +616,29 @@ def _before_admission(ctx: _Ctx) -> Decision:
     patch = ctx.working(Phase.RUNNING, Reason.DISPATCHED,
                         f"dispatched to replica {replica.label}", extra=extra)
     return ctx.decision(Admit(replica), patch)
+
+
+def _pinned(ctx: _Ctx, eligible: list[Replica],
+            journals: Mapping[int, str | None]) -> list[Replica] | Decision:
+    """A resuming job's replicas: the predecessor's one when it can serve (a list of one);
+    otherwise wait (it cannot serve now) or finish (its journal was replaced: the trajectory
+    is gone). Invariant: a resume is admitted only where its predecessor's journal is."""
+    gate, spec = ctx.obs.gate, ctx.spec
+    ordinal, journal = gate.pin_ordinal, gate.pin_journal
+    here = journals.get(ordinal) if ordinal is not None else None
+    if journal is not None and here is not None and here != journal:
+        message = (f"spec.resume: the predecessor ran on replica {ordinal} with journal "
+                   f"{journal}, but that replica now has journal {here}; the predecessor's "
+                   "trajectory is gone: rerun without --resume")
+        return ctx.finish(outcome.invalid_spec("resume_journal_gone", message))
+    pinned = [r for r in eligible if r.ordinal == ordinal]
+    if not pinned:
+        return ctx.wait(ctx.settings.retry_seconds, Phase.PENDING,
+                        Reason.PREDECESSOR_REPLICA_UNAVAILABLE,
+                        f"spec.resume: the predecessor's journal is on replica {ordinal} of "
+                        f"Crew {spec.crew!r}, which cannot serve now (not ready, fenced, "
+                        "draining or full); waiting for it")
+    return pinned
 
 
 def _still_full(ctx: _Ctx, journals: Mapping[int, str | None]) -> set[int]:

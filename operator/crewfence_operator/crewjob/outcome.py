@@ -57,6 +57,7 @@ class Reason(StrEnum):
     JOURNAL_FULL = "JournalFull"
     CANCEL_PENDING = "CancelPending"
     PREDECESSOR_UNRESOLVED = "PredecessorUnresolved"
+    PREDECESSOR_REPLICA_UNAVAILABLE = "PredecessorReplicaUnavailable"
 
 
 UNCERTAIN_REASONS: Final = frozenset({

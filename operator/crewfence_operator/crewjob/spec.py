@@ -48,6 +48,10 @@ class JobSpec:
     idempotency_key: str
     cancel: bool
     deletion_policy: DeletionPolicy
+    resume_from: str | None = None
+    """``spec.resume`` (with ``spec.supersedes``): the predecessor's action id, the default
+    one of the CrewJob ``spec.supersedes`` names (``<namespace>/<supersedes>``); the gate
+    refuses a predecessor whose action id differs. Part of the start request and its hash."""
 
     @classmethod
     def from_resource(cls, namespace: str, name: str, spec: Mapping[str, Any]) -> JobSpec:
@@ -67,9 +71,14 @@ class JobSpec:
         action_id = str(spec.get("actionId") or default_action_id(namespace, name))
         key = spec.get("idempotencyKey")
         idempotency_key = str(key) if key else default_idempotency_key(action_id)
+        resume_from = (default_action_id(namespace, str(spec["supersedes"]))
+                       if spec.get("resume") and spec.get("supersedes") else None)
+        if spec.get("resume") and resume_from is None:
+            raise SpecError("invalid_spec", "spec.resume needs spec.supersedes")
         try:
             request = StartRequest(crew_id=crew, action_id=action_id, operation=operation,
-                                   input=job_input, timeout_ms=timeout_ms)
+                                   input=job_input, timeout_ms=timeout_ms,
+                                   resume_from=resume_from)
             contract.parse_start_request(request.to_wire())
             contract.validate_operation_input(operation, job_input)
             contract.validate_idempotency_key(idempotency_key)
@@ -79,12 +88,12 @@ class JobSpec:
         return cls(namespace=namespace, name=name, crew=crew, operation=operation,
                    input=job_input, timeout_ms=timeout_ms, action_id=action_id,
                    idempotency_key=idempotency_key, cancel=bool(spec.get("cancel", False)),
-                   deletion_policy=policy)
+                   deletion_policy=policy, resume_from=resume_from)
 
     def start_request(self) -> StartRequest:
         return StartRequest(crew_id=self.crew, action_id=self.action_id,
                             operation=self.operation, input=self.input,
-                            timeout_ms=self.timeout_ms)
+                            timeout_ms=self.timeout_ms, resume_from=self.resume_from)
 
     def request_hash(self) -> str:
         return contract.request_hash(self.start_request(), self.idempotency_key)

@@ -43,6 +43,9 @@ class GateDecision:
     code: str
     """A short machine-readable code (the failure code when refused)."""
     message: str
+    pin: tuple[int, str | None] | None = None
+    """A resuming successor: (ordinal, journal id) of the predecessor's replica, whose journal
+    holds the trajectory it continues; it is admitted there or nowhere."""
 
     @property
     def proceed(self) -> bool:
@@ -59,8 +62,13 @@ def effective_action_id(obj: Mapping[str, Any]) -> str:
 
 
 def decide(*, successor_name: str, successor_action_id: str,
-           predecessor: Mapping[str, Any] | None, predecessor_name: str) -> GateDecision:
-    """May the successor be admitted now? (see the module's invariants)"""
+           predecessor: Mapping[str, Any] | None, predecessor_name: str,
+           resume_from: str | None = None) -> GateDecision:
+    """May the successor be admitted now? (see the module's invariants)
+
+    A resuming successor (``resume_from``, from ``spec.resume``) may also follow a
+    predecessor resolved ``Happened``: it does not run the call in doubt again (the sidecar's
+    replay tells the agent it was made), it only continues after it."""
     if predecessor_name == successor_name:
         return GateDecision(Gate.REFUSE, "supersedes_self", "a CrewJob cannot supersede itself")
     if predecessor is None:
@@ -95,14 +103,27 @@ def decide(*, successor_name: str, successor_action_id: str,
                             f"predecessor {predecessor_name!r} has an unresolved uncertain "
                             "outcome; resolve it first (kubectl crewfence resolve "
                             f"{predecessor_name} --not-happened|--compensated --note ...)")
-    if not resolution.allows_successor:
+    if resume_from is not None and effective_action_id(predecessor) != resume_from:
+        return GateDecision(Gate.REFUSE, "resume_mismatch",
+                            f"spec.resume continues action {resume_from!r}, but predecessor "
+                            f"{predecessor_name!r} ran as {effective_action_id(predecessor)!r}")
+    journal_state = ((status.get("resolution") or {}).get("journal") or {}).get("state")
+    if resume_from is not None and journal_state != "Journaled":
+        # the sidecar decides what the resume reruns from the resolution IT journaled
+        return GateDecision(Gate.WAIT, "predecessor_resolution_not_journaled",
+                            f"predecessor {predecessor_name!r} is resolved, but its sidecar "
+                            "has not journaled the resolution yet; a resume waits for it")
+    if not resolution.allows_successor and resume_from is None:
         return GateDecision(Gate.REFUSE, "predecessor_happened",
                             f"predecessor {predecessor_name!r} was resolved "
                             f"{resolution.outcome.value}: its work took effect, and running it "
                             "again would duplicate the effects")
+    assignment = status.get("assignment") or {}
+    pin = ((int(assignment["ordinal"]), assignment.get("journalId"))
+           if resume_from is not None and assignment.get("ordinal") is not None else None)
     return GateDecision(Gate.PROCEED, "predecessor_resolved",
                         f"predecessor {predecessor_name!r} was resolved "
-                        f"{resolution.outcome.value}")
+                        f"{resolution.outcome.value}", pin=pin)
 
 
 def supersedes_status(predecessor: Mapping[str, Any], predecessor_name: str) -> dict[str, Any]:

@@ -12,9 +12,10 @@ from typing import Any
 
 from crewfence_operator.crewjob import resolution as res
 from crewfence_operator.crewjob import supersede
-from crewfence_operator.kubectl.client import Kube, condition, emit, get_job
+from crewfence_operator.kubectl.client import Kube, PluginError, condition, emit, get_job
 from crewfence_operator.kubectl.sidecar import sidecar_evidence
 from crewfence_operator.kubectl.timeline import event_line, in_doubt_lines
+from crewfence_operator.kubectl.trajectory import side_by_side
 
 NAME = "explain"
 HELP = "print a CrewJob's evidence"
@@ -102,6 +103,11 @@ def explain_text(ev: Mapping[str, Any]) -> str:
                      f"({ev['supersedes'].get('outcome')}).")
     if ev["supersededBy"]:
         lines.append(f"  Superseded by {ev['supersededBy'].get('name')}.")
+    resumed = ev.get("resumed")
+    if resumed:
+        lines.append(f"  Resumed from {resumed['predecessor']} ({resumed['note']}); the two "
+                     "trajectories:")
+        lines.extend(side_by_side(resumed["events"], ev["sidecar"]["events"]))
     return "\n".join(lines)
 
 
@@ -109,5 +115,16 @@ def run(args: argparse.Namespace, kube: Kube) -> int:
     obj = get_job(kube, args.job)
     record, events, note = sidecar_evidence(kube, obj)
     ev = evidence(obj, record, events, note)
+    spec, links = obj.get("spec") or {}, (obj.get("status") or {}).get("supersedes") or {}
+    if spec.get("resume") and spec.get("supersedes"):
+        pred_events: Sequence[Mapping[str, Any]] | None
+        try:
+            pred = get_job(kube, str(spec["supersedes"]))
+        except PluginError as exc:  # deleted meanwhile: the successor's side still shows
+            pred_events, pred_note = [], str(exc)
+        else:
+            _, pred_events, pred_note = sidecar_evidence(kube, pred)
+        ev["resumed"] = {"predecessor": links.get("name") or spec["supersedes"],
+                         "note": pred_note, "events": list(pred_events or [])}
     emit(args, ev, explain_text(ev))
     return 0

@@ -34,6 +34,9 @@ RERUN_RE = re.compile(r"^(?P<base>.+)-rerun(?:-(?P<n>\d+))?$")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("job")
     parser.add_argument("--name", help="the successor's name (default <job>-rerun)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the job's journaled trajectory (spec.resume): finished "
+                        "tasks and tool calls are not run again")
 
 
 def successor_name(name: str) -> str:
@@ -45,12 +48,16 @@ def successor_name(name: str) -> str:
     return f"{match['base']}-rerun-{int(match['n'] or 1) + 1}"
 
 
-def successor_body(pred: Mapping[str, Any], name: str) -> dict[str, Any]:
-    """The original spec under a new name and action id, linked by ``spec.supersedes``."""
+def successor_body(pred: Mapping[str, Any], name: str, *, resume: bool = False
+                   ) -> dict[str, Any]:
+    """The original spec under a new name and action id, linked by ``spec.supersedes``
+    (and ``spec.resume: true`` with ``resume``)."""
     spec = pred.get("spec") or {}
     keep = ("crewRef", "operation", "input", "timeoutMs", "deletionPolicy")
     new_spec = {k: spec[k] for k in keep if k in spec}
     new_spec["supersedes"] = pred["metadata"]["name"]
+    if resume:
+        new_spec["resume"] = True
     return {"apiVersion": c.API_VERSION, "kind": c.CREWJOB_KIND,
             "metadata": {"name": name, "namespace": pred["metadata"]["namespace"],
                          "labels": {"crewfence.dev/supersedes":
@@ -61,11 +68,15 @@ def successor_body(pred: Mapping[str, Any], name: str) -> dict[str, Any]:
 def run(args: argparse.Namespace, kube: Kube) -> int:
     pred = get_job(kube, args.job)
     name = args.name or successor_name(args.job)
+    resume_from = f"{kube.namespace}/{args.job}" if args.resume else None
     decision = supersede.decide(successor_name=name, successor_action_id=f"{kube.namespace}/"
-                                f"{name}", predecessor=pred, predecessor_name=args.job)
-    if not decision.proceed:
+                                f"{name}", predecessor=pred, predecessor_name=args.job,
+                                resume_from=resume_from)
+    # the operator journals the resolution on the sidecar soon: the resume waits for it
+    waits_for_journal = decision.code == "predecessor_resolution_not_journaled"
+    if not decision.proceed and not waits_for_journal:
         raise PluginError(f"cannot rerun {args.job}: {decision.message}")
-    body = successor_body(pred, name)
+    body = successor_body(pred, name, resume=args.resume)
     try:
         created = kube.api.create_namespaced_custom_object(
             c.GROUP, c.VERSION, kube.namespace, c.CREWJOB_PLURAL, body,

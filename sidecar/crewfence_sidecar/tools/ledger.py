@@ -28,6 +28,16 @@ Invariants:
   arguments or results themselves: the journal's per-event bound always holds.
 - Hooks run synchronously in the thread that runs the model or tool call (crewai copies
   contexts into its threads), so the events of one task arrive in the order they happened.
+- Resume material (``keep_material``, opt-in: ``CREWFENCE_RESUME_MATERIAL``): the full task
+  output and the tool result the agent received ride on ``task_completed`` and
+  ``tool_call_finished`` themselves (no extra transaction), only up to
+  ``resume.MAX_RESUME_MATERIAL_CHARS``; larger material is left out (``material: "too_large"``)
+  and so is not reusable.
+- Replay (``replay``, a resumed job): a call the :class:`~crewfence_sidecar.resume.ToolReplay`
+  answers from the journal (``REPLAY``, ``ALREADY_MADE``) never runs: the pre-tool hook aborts
+  it (crewai then runs no tool) and the post-tool hook hands crewai the journaled text as the
+  result; it is journaled as ``tool_call_reused``. A call rerun with the predecessor's key
+  runs through the normal write-ahead path with that key.
 """
 
 from __future__ import annotations
@@ -50,6 +60,7 @@ from crewfence_sidecar.contract import (
     arguments_sha256,
     tool_idempotency_key,
 )
+from crewfence_sidecar.resume import MAX_RESUME_MATERIAL_CHARS, ToolAction, ToolReplay
 from crewfence_sidecar.tool_context import reset_idempotency_key, set_idempotency_key
 
 EffectSink = Callable[[str, dict[str, Any], bool], bool]
@@ -94,6 +105,8 @@ class _ToolCall:
     started: float
     token: contextvars.Token[str | None] | None
     refused: bool = False
+    replayed: str | None = None
+    """A call answered from the journal: the text crewai hands the agent as its result."""
 
 
 def _tokens(llm: Any) -> tuple[int | None, int | None]:
@@ -170,6 +183,10 @@ class JobLedger:
 
     action_id: str
     sink: EffectSink
+    keep_material: bool = False
+    """Journal full task outputs and tool results (bounded) so a successor can resume."""
+    replay: ToolReplay | None = None
+    """A resumed job: the predecessor's journaled calls it may reuse."""
     refused: bool = False
     dropped: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -198,9 +215,21 @@ class JobLedger:
         self._end_models(task)
         name, index, total = _task_place(task, None)
         raw = str(getattr(output, "raw", "") if output is not None else "")
-        self._send(EventName.TASK_COMPLETED, {
+        data: dict[str, Any] = {
             "task": name, "index": index, "total": total, "output_sha256": _sha256_text(raw),
-            "output_preview": _bounded(raw, MAX_EFFECT_PREVIEW_CHARS)})
+            "output_preview": _bounded(raw, MAX_EFFECT_PREVIEW_CHARS)}
+        if self.keep_material:
+            _add_material(data, "output", raw)
+        self._send(EventName.TASK_COMPLETED, data)
+
+    def task_reused(self, index: int, total: int, name: str, output: str) -> None:
+        """A task of the predecessor's completed prefix, not run again (resume)."""
+        data: dict[str, Any] = {"task": name, "index": index, "total": total,
+                                "output_sha256": _sha256_text(output),
+                                "from_action": self.replay.plan.predecessor
+                                if self.replay is not None else None}
+        _add_material(data, "output", output)  # the next successor may reuse it too
+        self._send(EventName.TASK_REUSED, data)
 
     # --- model calls --------------------------------------------------------------------------
     def model_started(self, ctx: Any) -> None:
@@ -268,15 +297,28 @@ class JobLedger:
         with self._lock:
             call_index = self._next_call.get(task_index, 0)
             self._next_call[task_index] = call_index + 1
-        key = tool_idempotency_key(self.action_id, task_index, call_index)
+        args_sha = arguments_sha256(dict(getattr(ctx, "tool_input", {}) or {}))
+        decision = (self.replay.decide(task_index, call_index, tool, args_sha)
+                    if self.replay is not None and not self.refused else None)
+        if decision is not None and decision.key is not None and decision.action in (
+                ToolAction.REPLAY, ToolAction.ALREADY_MADE):
+            self._reuse_call(tool, server, name, task_index, call_index, args_sha,
+                             decision.key, decision.action, decision.result or "")
+            raise HookAborted("crewfence: answered from the journal (resume)",
+                              source="crewfence-resume")
+        if decision is not None and decision.action is ToolAction.RERUN_SAME_KEY:
+            key = str(decision.key)  # the predecessor's key: a deduplicating tool acts once
+        else:
+            key = tool_idempotency_key(self.action_id, task_index, call_index)
         call = _ToolCall(tool=tool, server=server, task=name, task_index=task_index,
                          call_index=call_index, key=key, started=time.perf_counter(),
                          token=None)
-        if self.refused or not self._send(EventName.TOOL_CALL_STARTED, {
-                "tool": tool, "server": server, "task": name, "task_index": task_index,
-                "call_index": call_index,
-                "arguments_sha256": arguments_sha256(dict(getattr(ctx, "tool_input", {}) or {})),
-                "idempotency_key": key}, durable=True):
+        started: dict[str, Any] = {
+            "tool": tool, "server": server, "task": name, "task_index": task_index,
+            "call_index": call_index, "arguments_sha256": args_sha, "idempotency_key": key}
+        if decision is not None:
+            started["resume"] = decision.action.value
+        if self.refused or not self._send(EventName.TOOL_CALL_STARTED, started, durable=True):
             self.refused = True
             call.refused = True
             self._stack().append(call)
@@ -286,26 +328,60 @@ class JobLedger:
         call.token = set_idempotency_key(key)
         self._stack().append(call)
 
-    def tool_finished(self, ctx: Any) -> None:
+    def _reuse_call(self, tool: str, server: str | None, task: str | None, task_index: int,
+                    call_index: int, args_sha: str, key: str, action: ToolAction,
+                    result: str) -> None:
+        """Journal a call answered from the journal; the post-tool hook hands ``result`` on."""
+        data: dict[str, Any] = {
+            "tool": tool, "server": server, "task": task, "task_index": task_index,
+            "call_index": call_index, "arguments_sha256": args_sha, "idempotency_key": key,
+            "action": action.value,
+            "from_action": self.replay.plan.predecessor if self.replay is not None else None}
+        if action is ToolAction.REPLAY:
+            _add_material(data, "result", result)  # a successor of this job reuses it too
+        self._send(EventName.TOOL_CALL_REUSED, data)
+        self._stack().append(_ToolCall(tool=tool, server=server, task=task,
+                                       task_index=task_index, call_index=call_index, key=key,
+                                       started=time.perf_counter(), token=None,
+                                       replayed=result))
+
+    def tool_finished(self, ctx: Any) -> str | None:
+        """Journal the call's end; for a call answered from the journal, return the text
+        crewai must hand the agent (nothing ran, nothing is journaled here)."""
         stack = self._stack()
         if not stack:
-            return
+            return None
         call = stack.pop()
         if call.token is not None:
             reset_idempotency_key(call.token)
+        if call.replayed is not None:
+            return call.replayed
         if call.refused:
-            return  # the tool did not run: nothing finished
+            return None  # the tool did not run: nothing finished
         result = getattr(ctx, "tool_result", None)
         raw = getattr(ctx, "raw_tool_result", None)
         error = _tool_error(raw, result)
         text = raw if isinstance(raw, str) else "" if raw is None else str(raw)
-        self._send(EventName.TOOL_CALL_FINISHED, {
+        data: dict[str, Any] = {
             "tool": call.tool, "server": call.server, "task": call.task,
             "task_index": call.task_index, "call_index": call.call_index,
             "idempotency_key": call.key,
             "result_sha256": None if error is not None else _sha256_text(text),
             "error": error,
-            "duration_ms": round((time.perf_counter() - call.started) * 1000, 3)})
+            "duration_ms": round((time.perf_counter() - call.started) * 1000, 3)}
+        if self.keep_material:
+            # what the agent received (crewai's formatted text), so a replay gives it the same
+            _add_material(data, "result", result if isinstance(result, str) else text)
+        self._send(EventName.TOOL_CALL_FINISHED, data)
+        return None
+
+
+def _add_material(data: dict[str, Any], name: str, text: str) -> None:
+    """Put ``text`` in ``data[name]`` when within the material bound, else note it is not."""
+    if len(text) <= MAX_RESUME_MATERIAL_CHARS:
+        data[name] = text
+    else:
+        data["material"] = "too_large"
 
 
 # --- binding and hooks ------------------------------------------------------------------------
@@ -374,10 +450,11 @@ def _on_pre_tool(ctx: Any) -> None:
         ledger.tool_started(ctx)
 
 
-def _on_post_tool(ctx: Any) -> None:
+def _on_post_tool(ctx: Any) -> str | None:
     ledger = current()
     if ledger is not None:
-        ledger.tool_finished(ctx)
+        return ledger.tool_finished(ctx)  # a str replaces the result (a replayed call)
+    return None
 
 
 _installed = False

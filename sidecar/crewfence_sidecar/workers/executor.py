@@ -235,6 +235,7 @@ class WorkerExecutor:
             may_reuse = self.max_live is not None and handle.jobs_done + 1 < self.max_jobs
             await handle.open({"crew_id": ctx.crew_id, "action_id": ctx.action_id,
                                "operation": ctx.operation, "input": ctx.input,
+                               "resume": ctx.resume, "keep_material": ctx.keep_material,
                                "max_jobs": self.max_jobs if self.max_live is not None else 1,
                                "max_rss_bytes": self.max_rss_bytes})
             outcome = await self._follow(handle, ctx, progress)

@@ -100,7 +100,8 @@ async def _execute(catalog: Any, job: dict[str, Any], channel: _Channel,
     ctx = JobContext(crew_id=str(job["crew_id"]), action_id=str(job["action_id"]),
                      operation=str(job["operation"]), input=dict(job["input"]),
                      training_dir=settings.training_path, emit_chunk=emit_chunk,
-                     record_effect=channel.effect)
+                     record_effect=channel.effect, resume=job.get("resume"),
+                     keep_material=bool(job.get("keep_material")))
     try:
         output = await operations.execute(catalog, ctx)
     except Exception as exc:  # the class only crosses over (messages can carry inputs)

@@ -77,8 +77,11 @@ def test_spec_defaults_enums_and_bounds(crew_crd: dict[str, Any]) -> None:
     assert spec["llm"]["properties"]["apiKeySecretRef"]["required"] == ["name"]
     journal = spec["journal"]["properties"]
     assert set(journal) == {"maxRetainedRuns", "maxEventsPerRun", "maxEventBytes",
-                            "maxStateBytes", "maxConcurrency", "retention"}
-    assert all("minimum" in j and "maximum" in j for k, j in journal.items() if k != "retention")
+                            "maxStateBytes", "maxConcurrency", "retention",
+                            "resumeMaterial"}
+    assert all("minimum" in j and "maximum" in j for k, j in journal.items()
+               if k not in ("retention", "resumeMaterial"))
+    assert journal["resumeMaterial"]["type"] == "boolean"
     assert journal["retention"]["pattern"] == "^([0-9]+(d|h|m|s))+$"
     when_scaled = spec["storage"]["properties"]["whenScaled"]
     assert (when_scaled["default"], when_scaled["enum"]) == ("Retain", ["Retain", "Delete"])

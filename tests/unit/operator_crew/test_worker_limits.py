@@ -27,3 +27,11 @@ def test_worker_limits_become_sidecar_settings() -> None:
     assert "CREWFENCE_WORKER_MEMORY_MB" not in plain
     assert "CREWFENCE_WORKER_CPU_SECONDS" not in plain
     assert "CREWFENCE_WORKER_MAX_JOBS" not in plain
+
+
+def test_resume_material_is_the_crews_opt_in() -> None:
+    ref = CrewRef(namespace="team-a", name="research", uid="u-1")
+    opted = parse_spec({"entrypoint": "m:a", "journal": {"resumeMaterial": True}})
+    assert _env(replica_pod(ref, opted, 0, PodSettings()))["CREWFENCE_RESUME_MATERIAL"] == "1"
+    off = parse_spec({"entrypoint": "m:a", "journal": {"resumeMaterial": False}})
+    assert "CREWFENCE_RESUME_MATERIAL" not in _env(replica_pod(ref, off, 0, PodSettings()))
