@@ -6,8 +6,9 @@ The objects are built by the operator's own status code (crewjob/status.py, reso
 crew/status.py), so this checks what the operator writes. Expected verdicts are those the Flux
 health expressions printed in docs/gitops-flux.md give (evaluated by a real CEL runtime in
 tests/gitops/test_flux_health_exprs.py; the same function is used here). Invariant: a terminal
-CrewJob is never InProgress for kstatus. No cluster is needed. CrewCronJob (branch i22) is not
-on this branch: not covered here.
+CrewJob is never InProgress for kstatus. No cluster is needed. CrewCronJobs too
+(cronjob/status.py): a valid schedule is Current, suspended or not; one paused by an
+unresolved uncertain outcome, or an invalid one, is Failed.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from crewfence_operator.crewjob.status import (
     terminal_patch,
     working_patch,
 )
+from crewfence_operator.cronjob import status as cron_status
+from crewfence_operator.cronjob.ticks import Plan, Record
 from crewfence_sidecar.contract import FailureCategory
 from harness import kstatus
 
@@ -161,4 +164,33 @@ def _crew(replicas: list[ReplicaObservation], desired: int) -> dict[str, Any]:
 def test_kstatus_reads_crews_as_documented(obj: dict[str, Any], documented: str) -> None:
     [verdict] = kstatus.verdicts([obj])
     assert flux_status("Crew", obj) == documented
+    assert verdict["status"] == documented, verdict
+
+
+def _cronjob(status: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": "crewfence.dev/v1alpha1", "kind": "CrewCronJob",
+            "metadata": {"name": "report", "namespace": "team-a", "generation": 1},
+            "spec": {}, "status": status}
+
+
+def _scheduled(*, paused_by: str | None = None, suspended: bool = False) -> dict[str, Any]:
+    plan = Plan(steps=(), next_schedule=1_800_000_060, paused_by=paused_by,
+                final=Record(1_800_000_000, None, 0, 0, None))
+    return _cronjob(cron_status.final_patch(
+        namespace="team-a", cronjob="report", plan=plan, observed=[], previous={},
+        generation=1, now=NOW, suspended=suspended))
+
+
+@pytest.mark.parametrize(("obj", "documented"), [
+    pytest.param(_scheduled(), "Current", id="scheduling"),
+    pytest.param(_scheduled(suspended=True), "Current", id="suspended"),
+    pytest.param(_scheduled(paused_by="report-29000000"), "Failed", id="paused-uncertain"),
+    pytest.param(_cronjob(cron_status.invalid_patch("InvalidSchedule", "bad minute", {}, 1,
+                                                    NOW)), "Failed", id="invalid"),
+])
+def test_kstatus_reads_crewcronjobs_as_documented(obj: dict[str, Any], documented: str,
+                                                  ) -> None:
+    [verdict] = kstatus.verdicts([obj])
+    assert verdict.get("error") is None, verdict
+    assert flux_status("CrewCronJob", obj) == documented
     assert verdict["status"] == documented, verdict
