@@ -140,14 +140,18 @@ def wait_crewjob_finished(cluster: Cluster, name: str, namespace: str) -> dict[s
 
 
 def forbidden_lines(log_text: str, namespace: str) -> list[str]:
-    """403s an operator logged about this test's namespace or about cluster-scoped calls.
+    """403s an operator logged about this test's namespace or about cluster-scoped calls
+    (the API server's message lines, which name the object and the verb).
 
     A cluster-wide operator may also pick up objects that earlier tests left in namespaces
     being deleted; writes there are refused with 403 too, which says nothing about RBAC."""
+    # The API server's own words ("... is forbidden: User ... cannot ...") name the object;
+    # a traceback's "Reason: Forbidden" lines around them do not, so they are not counted
+    # (they would blame this test for another namespace's leftover objects).
     return [
         ln
         for ln in log_text.splitlines()
-        if "forbidden" in ln.lower() and (namespace in ln or "e2e-" not in ln)
+        if "is forbidden" in ln.lower() and (namespace in ln or "e2e-" not in ln)
     ]
 
 
