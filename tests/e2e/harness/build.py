@@ -9,19 +9,14 @@ written after a complete build makes a warm lookup instant.
 
 from __future__ import annotations
 
-import fcntl
-import json
-import os
-import resource
-import shutil
-import subprocess
 import sys
-import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import versions
+from . import gobuild, versions
+from .gobuild import BuildError
+
+__all__ = ["TARGETS", "TOOLS", "BuildError", "cached_bin_dir", "ensure_binaries", "ensure_tool"]
 
 
 @dataclass(frozen=True)
@@ -75,10 +70,6 @@ TOOLS = (
 )
 
 
-class BuildError(RuntimeError):
-    pass
-
-
 def cached_bin_dir() -> Path | None:
     """The binary folder if a complete build is cached, else None (never builds)."""
     if versions.stamp_file().is_file():
@@ -87,52 +78,23 @@ def cached_bin_dir() -> Path | None:
 
 
 def _check_pins() -> None:
-    gomod = (versions.KUBEBUILD_DIR / "go.mod").read_text()
     for needle in (
         f"k8s.io/kubernetes {versions.KUBERNETES_VERSION}",
         f"go.etcd.io/etcd/server/v3 {versions.ETCD_VERSION}",
         f"k8s.io/api => k8s.io/api {versions.STAGING_VERSION}",
     ):
-        if needle not in gomod:
-            raise BuildError(f"kubebuild/go.mod does not pin {needle!r}; keep versions.py in step")
+        gobuild.check_pin(versions.KUBEBUILD_DIR / "go.mod", needle, "versions.py")
 
 
-@dataclass(frozen=True)
-class Timing:
-    wall: float
-    cpu: float  # user+system seconds of go and its compilers: comparable across machine load
-
-
-def _children_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
-def _build_one(target: Target, out: Path, log: Path) -> Timing:
-    flags = f"-s -w {target.ldflags}".strip()
-    env = dict(os.environ, GOFLAGS="-mod=readonly -buildvcs=false")
-    started, cpu_started = time.monotonic(), _children_cpu()
-    with log.open("w") as log_file:
+def _build_one(target: Target, out: Path, log: Path) -> gobuild.Timing:
+    with gobuild.timed() as timing:
         if "@" in target.package:
-            with tempfile.TemporaryDirectory(dir=out) as gobin:
-                env["GOBIN"] = gobin
-                env["GOFLAGS"] = "-buildvcs=false"  # -mod is not allowed outside a module
-                # go install pkg@version ignores the current module; run it outside ours.
-                cmd = ["go", "install", "-trimpath", f"-ldflags={flags}", target.package]
-                result = subprocess.run(cmd, cwd=gobin, env=env, stdout=log_file, stderr=log_file)
-                if result.returncode == 0:
-                    os.replace(Path(gobin) / target.name, out / target.name)
+            gobuild.go_install(target.package, binary=out / target.name, log=log,
+                               ldflags=target.ldflags)
         else:
-            tmp = out / f".{target.name}.tmp"
-            cmd = ["go", "build", "-trimpath", f"-ldflags={flags}", "-o", str(tmp), target.package]
-            result = subprocess.run(
-                cmd, cwd=versions.KUBEBUILD_DIR, env=env, stdout=log_file, stderr=log_file
-            )
-            if result.returncode == 0:
-                os.replace(tmp, out / target.name)
-    if result.returncode != 0:
-        raise BuildError(f"building {target.name} failed: {' '.join(cmd)} (log: {log})")
-    return Timing(time.monotonic() - started, _children_cpu() - cpu_started)
+            gobuild.go_build(target.package, module_dir=versions.KUBEBUILD_DIR,
+                             binary=out / target.name, log=log, ldflags=target.ldflags)
+    return timing[0]
 
 
 def ensure_binaries(progress: bool = True) -> Path:
@@ -142,23 +104,13 @@ def ensure_binaries(progress: bool = True) -> Path:
     cached = cached_bin_dir()
     if cached is not None:
         return cached
-    versions.cache_dir().mkdir(parents=True, exist_ok=True)
-    with (versions.cache_dir() / ".build.lock").open("w") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            if progress:
-                print("another process is building; waiting ...", file=sys.stderr, flush=True)
-            fcntl.flock(lock, fcntl.LOCK_EX)
-        cached = cached_bin_dir()
-        if cached is not None:
-            return cached
-        return _build_all(progress)
+    with gobuild.build_lock(versions.cache_dir() / ".build.lock", "the control plane",
+                            progress=progress):
+        return cached_bin_dir() or _build_all(progress)
 
 
 def _build_all(progress: bool) -> Path:
-    if shutil.which("go") is None:
-        raise BuildError("`go` is not on PATH; it is needed once to build the control plane")
+    gobuild.require_go("the control plane")
     _check_pins()
     out = versions.bin_dir()
     out.mkdir(parents=True, exist_ok=True)
@@ -168,27 +120,17 @@ def _build_all(progress: bool) -> Path:
             continue  # binaries are renamed into place only after a successful build
         if progress:
             print(f"building {target.name} ...", file=sys.stderr, flush=True)
-        load = os.getloadavg()[0]
         timing = _build_one(target, out, versions.cache_dir() / f"build-{target.name}.log")
-        timings[target.name] = {
-            "wall_seconds": round(timing.wall, 1),
-            "cpu_seconds": round(timing.cpu, 1),
-            "load_at_start": round(load, 1),
-        }
+        timings[target.name] = timing.as_stamp()
         if progress:
-            print(
-                f"built {target.name} in {timing.wall:.0f}s (cpu {timing.cpu:.0f}s)",
-                file=sys.stderr,
-                flush=True,
-            )
-    stamp = {
+            print(f"built {target.name} in {timing.wall:.0f}s (cpu {timing.cpu:.0f}s)",
+                  file=sys.stderr, flush=True)
+    gobuild.write_stamp(versions.stamp_file(), {
         "kubernetes": versions.KUBERNETES_VERSION,
         "etcd": versions.ETCD_VERSION,
         "helm": versions.HELM_VERSION,
         "build": timings,
-        "cpus": os.cpu_count(),
-    }
-    versions.stamp_file().write_text(json.dumps(stamp, indent=2) + "\n")
+    })
     return out
 
 
@@ -199,11 +141,9 @@ def ensure_tool(name: str) -> Path:
     out = versions.bin_dir()
     if (out / name).is_file():
         return out / name
-    if shutil.which("go") is None:
-        raise BuildError(f"`go` is not on PATH; it is needed once to build {name}")
+    gobuild.require_go(name)
     out.mkdir(parents=True, exist_ok=True)
-    with (versions.cache_dir() / f".build-{name}.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with gobuild.build_lock(versions.cache_dir() / f".build-{name}.lock", name):
         if not (out / name).is_file():
             _build_one(target, out, versions.cache_dir() / f"build-{name}.log")
     return out / name

@@ -11,18 +11,13 @@ its own entry next to the control plane's (never touching that one).
 
 from __future__ import annotations
 
-import fcntl
-import json
-import os
-import resource
 import shutil
-import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import procs
+from . import gobuild, procs
+from .gobuild import BuildError
 
 CERT_MANAGER_MODULE = "github.com/cert-manager/cert-manager"
 CERT_MANAGER_VERSION = "v1.21.2"
@@ -31,14 +26,11 @@ BUILD_DIR = Path(__file__).resolve().parent.parent / "certmanagerbuild"
 BINARY = "cert-manager-controller"
 NAME = "cert-manager"
 
-
-class BuildError(RuntimeError):
-    pass
+__all__ = ["BuildError", "CertManager", "cached", "crd_files", "ensure_built"]
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "crewfence" / "cert-manager" / f"{CERT_MANAGER_VERSION}-b{BUILD_REVISION}"
+    return gobuild.cache_root() / "cert-manager" / f"{CERT_MANAGER_VERSION}-b{BUILD_REVISION}"
 
 
 def stamp_file() -> Path:
@@ -54,74 +46,39 @@ def cached() -> Path | None:
     return cache_dir() if stamp_file().is_file() else None
 
 
-def _check_pin() -> None:
-    gomod = (BUILD_DIR / "go.mod").read_text()
-    if f"{CERT_MANAGER_MODULE} {CERT_MANAGER_VERSION}" not in gomod:
-        raise BuildError(f"certmanagerbuild/go.mod does not pin {CERT_MANAGER_MODULE} "
-                         f"{CERT_MANAGER_VERSION}; keep harness/certmanager.py in step")
-
-
-def _cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
 def ensure_built(progress: bool = True) -> Path:
     """The cache folder with ``bin/cert-manager-controller`` and ``crds/``, built first when
     missing. Concurrent callers wait on a lock instead of building twice."""
     found = cached()
     if found is not None:
         return found
-    cache_dir().mkdir(parents=True, exist_ok=True)
-    with (cache_dir() / ".build.lock").open("w") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            if progress:
-                print("another process is building cert-manager; waiting ...",
-                      file=sys.stderr, flush=True)
-            fcntl.flock(lock, fcntl.LOCK_EX)
-        found = cached()
-        if found is not None:
-            return found
-        return _build(progress)
+    with gobuild.build_lock(cache_dir() / ".build.lock", "cert-manager", progress=progress):
+        return cached() or _build(progress)
 
 
 def _build(progress: bool) -> Path:
-    if shutil.which("go") is None:
-        raise BuildError("`go` is not on PATH; it is needed once to build cert-manager")
-    _check_pin()
+    gobuild.require_go("cert-manager")
+    gobuild.check_pin(BUILD_DIR / "go.mod", f"{CERT_MANAGER_MODULE} {CERT_MANAGER_VERSION}",
+                      "harness/certmanager.py")
     out = cache_dir()
     (out / "bin").mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, GOFLAGS="-mod=readonly -buildvcs=false")
-    log = out / "build.log"
-    tmp = out / "bin" / f".{BINARY}.tmp"
-    cmd = ["go", "build", "-trimpath", "-ldflags=-s -w", "-o", str(tmp), "."]
     if progress:
         print(f"building cert-manager {CERT_MANAGER_VERSION} ...", file=sys.stderr, flush=True)
-    started, cpu_started, load = time.monotonic(), _cpu(), os.getloadavg()[0]
-    with log.open("w") as log_file:
-        result = subprocess.run(cmd, cwd=BUILD_DIR, env=env, stdout=log_file, stderr=log_file)
-    if result.returncode != 0:
-        raise BuildError(f"building cert-manager failed: {' '.join(cmd)} in {BUILD_DIR} "
-                         f"(log: {log})")
-    os.replace(tmp, out / "bin" / BINARY)
-    wall, cpu = time.monotonic() - started, _cpu() - cpu_started
-    module_dir = subprocess.run(
-        ["go", "list", "-m", "-f", "{{.Dir}}", CERT_MANAGER_MODULE], cwd=BUILD_DIR, env=env,
-        capture_output=True, text=True, check=True).stdout.strip()
+    with gobuild.timed() as timing:
+        gobuild.go_build(".", module_dir=BUILD_DIR, binary=out / "bin" / BINARY,
+                         log=out / "build.log")
+    source = gobuild.module_dir(f"{CERT_MANAGER_MODULE}@{CERT_MANAGER_VERSION}") / "deploy" / "crds"
     crds = out / "crds"
     crds.mkdir(exist_ok=True)
-    for source in sorted((Path(module_dir) / "deploy" / "crds").glob("*.yaml")):
-        shutil.copyfile(source, crds / source.name)
+    for path in sorted(source.glob("*.yaml")):
+        shutil.copyfile(path, crds / path.name)
     if not crd_files(out):
-        raise BuildError(f"no CRDs under {module_dir}/deploy/crds")
-    stamp = {"cert-manager": CERT_MANAGER_VERSION, "cpus": os.cpu_count(),
-             "build": {"wall_seconds": round(wall, 1), "cpu_seconds": round(cpu, 1),
-                       "load_at_start": round(load, 1)}}
-    stamp_file().write_text(json.dumps(stamp, indent=2) + "\n")
+        raise BuildError(f"no CRDs under {source}")
+    gobuild.write_stamp(stamp_file(), {"cert-manager": CERT_MANAGER_VERSION,
+                                       "build": timing[0].as_stamp()})
     if progress:
-        print(f"built cert-manager in {wall:.0f}s (cpu {cpu:.0f}s)", file=sys.stderr, flush=True)
+        print(f"built cert-manager in {timing[0].wall:.0f}s (cpu {timing[0].cpu:.0f}s)",
+              file=sys.stderr, flush=True)
     return out
 
 

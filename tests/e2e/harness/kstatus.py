@@ -5,17 +5,15 @@ line. Cached per version in its own entry, like the other binaries."""
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
-import resource
-import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from . import gobuild
+from .gobuild import BuildError
 
 CLI_UTILS_MODULE = "sigs.k8s.io/cli-utils"
 CLI_UTILS_VERSION = "v0.37.2"
@@ -23,57 +21,36 @@ BUILD_REVISION = 1
 BUILD_DIR = Path(__file__).resolve().parent.parent / "kstatusbuild"
 BINARY = "kstatus-verdict"
 
-
-class BuildError(RuntimeError):
-    pass
+__all__ = ["BuildError", "binary", "cache_dir", "ensure_built", "verdicts"]
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "crewfence" / "kstatus" / f"{CLI_UTILS_VERSION}-b{BUILD_REVISION}"
+    return gobuild.cache_root() / "kstatus" / f"{CLI_UTILS_VERSION}-b{BUILD_REVISION}"
 
 
 def binary() -> Path:
     return cache_dir() / "bin" / BINARY
 
 
-def _cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
 def ensure_built(progress: bool = True) -> Path:
     """The kstatus-verdict binary, built first when missing (one builder at a time)."""
     if binary().is_file():
         return binary()
-    if f"{CLI_UTILS_MODULE} {CLI_UTILS_VERSION}" not in (BUILD_DIR / "go.mod").read_text():
-        raise BuildError(f"kstatusbuild/go.mod does not pin {CLI_UTILS_MODULE} "
-                         f"{CLI_UTILS_VERSION}; keep harness/kstatus.py in step")
-    if shutil.which("go") is None:
-        raise BuildError("`go` is not on PATH; it is needed once to build kstatus-verdict")
+    gobuild.check_pin(BUILD_DIR / "go.mod", f"{CLI_UTILS_MODULE} {CLI_UTILS_VERSION}",
+                      "harness/kstatus.py")
+    gobuild.require_go("kstatus-verdict")
     (cache_dir() / "bin").mkdir(parents=True, exist_ok=True)
-    with (cache_dir() / ".build.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with gobuild.build_lock(cache_dir() / ".build.lock", "kstatus-verdict", progress=progress):
         if binary().is_file():
             return binary()
-        tmp = binary().with_name(f".{BINARY}.tmp")
-        cmd = ["go", "build", "-trimpath", "-ldflags=-s -w", "-o", str(tmp), "."]
-        env = dict(os.environ, GOFLAGS="-mod=readonly -buildvcs=false")
         if progress:
             print(f"building kstatus-verdict ({CLI_UTILS_VERSION}) ...", file=sys.stderr,
                   flush=True)
-        started, cpu_started = time.monotonic(), _cpu()
-        log = cache_dir() / "build.log"
-        with log.open("w") as log_file:
-            result = subprocess.run(cmd, cwd=BUILD_DIR, env=env, stdout=log_file,
-                                    stderr=log_file)
-        if result.returncode != 0:
-            raise BuildError(f"building kstatus-verdict failed (log: {log})")
-        os.replace(tmp, binary())
-        (cache_dir() / "complete.stamp").write_text(json.dumps({
-            "cli-utils": CLI_UTILS_VERSION, "cpus": os.cpu_count(),
-            "build": {"wall_seconds": round(time.monotonic() - started, 1),
-                      "cpu_seconds": round(_cpu() - cpu_started, 1)}}, indent=2) + "\n")
+        with gobuild.timed() as timing:
+            gobuild.go_build(".", module_dir=BUILD_DIR, binary=binary(),
+                             log=cache_dir() / "build.log")
+        gobuild.write_stamp(cache_dir() / "complete.stamp",
+                            {"cli-utils": CLI_UTILS_VERSION, "build": timing[0].as_stamp()})
     return binary()
 
 

@@ -17,16 +17,11 @@ management off, reads its metrics serving certificate from the fixed path
 from __future__ import annotations
 
 import datetime
-import fcntl
 import ipaddress
 import json
 import os
-import resource
 import shutil
-import subprocess
 import sys
-import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,7 +30,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from . import net, procs
+from . import gobuild, net, procs
+from .gobuild import BuildError
 
 KUEUE_MODULE = "sigs.k8s.io/kueue"
 KUEUE_VERSION = "v0.17.0"
@@ -44,14 +40,11 @@ BINARY = "kueue"
 NAME = "kueue"
 METRICS_CERT_DIR = Path("/etc/kueue/metrics/certs")
 
-
-class BuildError(RuntimeError):
-    pass
+__all__ = ["BuildError", "Kueue", "cached", "crd_files", "ensure_built"]
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "crewfence" / "kueue" / f"{KUEUE_VERSION}-b{BUILD_REVISION}"
+    return gobuild.cache_root() / "kueue" / f"{KUEUE_VERSION}-b{BUILD_REVISION}"
 
 
 def stamp_file() -> Path:
@@ -66,66 +59,36 @@ def cached() -> Path | None:
     return cache_dir() if stamp_file().is_file() else None
 
 
-def _cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
 def ensure_built(progress: bool = True) -> Path:
     """The cache folder with ``bin/kueue`` and ``crds/``, built first when missing (one
     builder at a time)."""
     found = cached()
     if found is not None:
         return found
-    cache_dir().mkdir(parents=True, exist_ok=True)
-    with (cache_dir() / ".build.lock").open("w") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            if progress:
-                print("another process is building Kueue; waiting ...", file=sys.stderr,
-                      flush=True)
-            fcntl.flock(lock, fcntl.LOCK_EX)
-        found = cached()
-        if found is not None:
-            return found
-        return _build(progress)
+    with gobuild.build_lock(cache_dir() / ".build.lock", "Kueue", progress=progress):
+        return cached() or _build(progress)
 
 
 def _build(progress: bool) -> Path:
-    if shutil.which("go") is None:
-        raise BuildError("`go` is not on PATH; it is needed once to build Kueue")
+    gobuild.require_go("Kueue")
     out = cache_dir()
-    (out / "bin").mkdir(parents=True, exist_ok=True)
-    log = out / "build.log"
-    package = f"{KUEUE_MODULE}/cmd/kueue@{KUEUE_VERSION}"
     if progress:
         print(f"building Kueue {KUEUE_VERSION} ...", file=sys.stderr, flush=True)
-    started, cpu_started, load = time.monotonic(), _cpu(), os.getloadavg()[0]
-    with tempfile.TemporaryDirectory(dir=out) as gobin, log.open("w") as log_file:
-        env = dict(os.environ, GOBIN=gobin, GOFLAGS="-buildvcs=false")
-        cmd = ["go", "install", "-trimpath", "-ldflags=-s -w", package]
-        result = subprocess.run(cmd, cwd=gobin, env=env, stdout=log_file, stderr=log_file)
-        if result.returncode != 0:
-            raise BuildError(f"building Kueue failed: {' '.join(cmd)} (log: {log})")
-        os.replace(Path(gobin) / BINARY, out / "bin" / BINARY)
-        wall, cpu = time.monotonic() - started, _cpu() - cpu_started
-        module_dir = subprocess.run(
-            ["go", "mod", "download", "-json", f"{KUEUE_MODULE}@{KUEUE_VERSION}"], cwd=gobin,
-            env=env, capture_output=True, text=True, check=True).stdout
-    source = Path(json.loads(module_dir)["Dir"]) / "config" / "components" / "crd" / "bases"
+    with gobuild.timed() as timing:
+        gobuild.go_install(f"{KUEUE_MODULE}/cmd/kueue@{KUEUE_VERSION}",
+                           binary=out / "bin" / BINARY, log=out / "build.log")
+    source = (gobuild.module_dir(f"{KUEUE_MODULE}@{KUEUE_VERSION}")
+              / "config" / "components" / "crd" / "bases")
     crds = out / "crds"
     crds.mkdir(exist_ok=True)
     for path in sorted(source.glob("*.yaml")):
         shutil.copyfile(path, crds / path.name)
     if not crd_files(out):
         raise BuildError(f"no CRDs under {source}")
-    stamp = {"kueue": KUEUE_VERSION, "cpus": os.cpu_count(),
-             "build": {"wall_seconds": round(wall, 1), "cpu_seconds": round(cpu, 1),
-                       "load_at_start": round(load, 1)}}
-    stamp_file().write_text(json.dumps(stamp, indent=2) + "\n")
+    gobuild.write_stamp(stamp_file(), {"kueue": KUEUE_VERSION, "build": timing[0].as_stamp()})
     if progress:
-        print(f"built Kueue in {wall:.0f}s (cpu {cpu:.0f}s)", file=sys.stderr, flush=True)
+        print(f"built Kueue in {timing[0].wall:.0f}s (cpu {timing[0].cpu:.0f}s)",
+              file=sys.stderr, flush=True)
     return out
 
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+
+from . import gobuild
 
 KUBERNETES_VERSION = "v1.36.3"
 # Published staging modules (k8s.io/api, ...) carry the same release as v0.Y.Z.
@@ -24,9 +25,8 @@ OPTIONAL_BINARIES = ("kube-controller-manager",)
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     key = f"{KUBERNETES_VERSION}-{ETCD_VERSION}-{HELM_VERSION}-b{BUILD_REVISION}"
-    return Path(base) / "crewfence" / "kube" / key
+    return gobuild.cache_root() / "kube" / key
 
 
 def bin_dir() -> Path:
