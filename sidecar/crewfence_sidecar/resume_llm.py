@@ -178,9 +178,8 @@ def wrap_crew_llms(crew: Any) -> None:
     from crewai import BaseLLM
 
     for agent in getattr(crew, "agents", None) or []:
-        for attr in ("llm", "function_calling_llm"):
-            llm = getattr(agent, attr, None)
-            if isinstance(llm, BaseLLM):
-                for cls in type(llm).__mro__:
-                    if issubclass(cls, BaseLLM):
-                        wrap_llm_class(cls)
+        llm = getattr(agent, "llm", None)
+        if isinstance(llm, BaseLLM):
+            for cls in type(llm).__mro__:
+                if issubclass(cls, BaseLLM):
+                    wrap_llm_class(cls)
