@@ -322,7 +322,8 @@ class JobLedger:
             if call is None:
                 return
             index = self._model_index
-            self._model_index += 1
+            if not call.reused:  # call_index counts the calls made
+                self._model_index += 1
         self._emit_model(call, index)
 
     def _emit_model(self, call: _ModelCall, index: int) -> None:
