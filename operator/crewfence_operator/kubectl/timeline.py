@@ -55,6 +55,12 @@ def event_line(event: Mapping[str, Any]) -> str:
         request = f", request {data['request_id']}" if data.get("request_id") else ""
         what = (f"model call {data.get('call_index')} to {data.get('model')} (task "
                 f"`{data.get('task')}`{tokens}{request}){_ms(data.get('duration_ms'))}")
+    elif name == EventName.TASK_REUSED:
+        what = f"{_task(data)} reused from {data.get('from_action')}'s journal (not run again)"
+    elif name == EventName.TOOL_CALL_REUSED:
+        how = ("not made again (resolved Happened)" if data.get("action") == "already_made"
+               else "answered from the journal (not executed again)")
+        what = f"{_tool(data)} {how}"
     elif name == EventName.MODEL_CALL_REUSED:
         what = (f"model call {data.get('model_index')} of task `{data.get('task')}` answered "
                 f"from {data.get('from_action')}'s journal (request matched; no call made)")

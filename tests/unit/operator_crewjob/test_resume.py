@@ -185,3 +185,19 @@ def test_the_followed_stream_counts_what_a_resumed_job_reused() -> None:
                                  "modelCalls": 1, "batchItems": 0}
     assert (effects["tasksCompleted"], effects["tasksTotal"], effects["toolCalls"],
             effects["modelCalls"]) == (1, 2, 0, 1)
+
+
+def test_logs_say_what_a_resumed_job_took_from_the_journal() -> None:
+    from crewfence_operator.kubectl.timeline import event_line
+
+    def line(name: str, **data: Any) -> str:
+        return event_line({"event": name, "sequence": 1, "data": data})
+
+    assert "reused from p's journal (not run again)" in line(
+        "task_reused", task="a", index=0, total=2, from_action="p")
+    assert "answered from the journal (not executed again)" in line(
+        "tool_call_reused", tool="t", action="replay")
+    assert "not made again (resolved Happened)" in line(
+        "tool_call_reused", tool="t", action="already_made")
+    assert "answered from p's journal (request matched; no call made)" in line(
+        "model_call_reused", task="a", model_index=0, from_action="p")
