@@ -57,6 +57,13 @@ def request_sha256(model: str, messages: Any, tools: Any,
 def encode_response(response: Any) -> str | None:
     """The response as resume material (JSON text), or None when it would not come back as
     it went (then the call cannot be answered from the journal)."""
+    try:
+        return _encode(response)
+    except Exception:  # journaling material never fails the call it describes
+        return None
+
+
+def _encode(response: Any) -> str | None:
     if isinstance(response, str):
         return _canonical({"kind": "text", "text": response})
     if isinstance(response, BaseModel):
@@ -110,8 +117,11 @@ def _before(llm: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[An
     if job_ledger is None:
         return None, None, False, None
     messages, tools, task, response_model = _call_args(args, kwargs)
-    sha = request_sha256(str(getattr(llm, "model", "") or ""), messages, tools,
-                         response_model)
+    try:
+        sha = request_sha256(str(getattr(llm, "model", "") or ""), messages, tools,
+                             response_model)
+    except Exception:  # a request that cannot be hashed is never matched: a plain call
+        return None, None, False, None
     encoded = job_ledger.model_request(task, sha)
     if encoded is not None:
         try:

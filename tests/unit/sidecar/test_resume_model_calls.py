@@ -130,3 +130,83 @@ def test_the_request_hash_covers_messages_model_tools_and_schema() -> None:
                 request_sha256("m", [{"role": "user", "content": "ho"}], None, None),
                 request_sha256("m", messages, [{"name": "t"}], None),
                 request_sha256("m", messages, None, Verdict)}) == 5
+
+
+def test_a_response_that_cannot_be_serialized_is_not_material_and_does_not_raise() -> None:
+    class Broken(BaseModel):
+        score: int
+
+        def model_dump_json(self, **_: Any) -> str:  # type: ignore[override]
+            raise TypeError("no")
+
+    assert encode_response(Broken(score=1)) is None
+
+
+# --- the wrapper around the LLM's call ------------------------------------------------------
+class _Ledger:
+    """Answers the first request from the journal when ``journaled`` is set."""
+
+    def __init__(self, journaled: str | None) -> None:
+        self.journaled = journaled
+        self.requests: list[str] = []
+        self.responses: list[str | None] = []
+
+    def tracks_models(self) -> bool:
+        return True
+
+    def model_request(self, task: Any, sha: str) -> str | None:
+        self.requests.append(sha)
+        return self.journaled
+
+    def model_not_replayed(self, task: Any) -> None:
+        self.journaled = None
+
+    def model_response(self, task: Any, encoded: str | None) -> None:
+        self.responses.append(encoded)
+
+
+def _llm_classes() -> tuple[type, type]:
+    class Base:
+        model = "m"
+        made = 0
+
+        def call(self, messages: Any, tools: Any = None, **_: Any) -> str:
+            Base.made += 1
+            return "live"
+
+    class Child(Base):
+        def call(self, messages: Any, tools: Any = None, **kw: Any) -> str:
+            return super().call(messages, tools, **kw)  # a subclass calling its parent's
+
+    return Base, Child
+
+
+def test_a_matched_call_is_not_made_and_a_nested_call_is_one_entry(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from crewfence_sidecar import resume_llm
+
+    base, child = _llm_classes()
+    for cls in (base, child):
+        resume_llm.wrap_llm_class(cls)
+    journal = _Ledger(encode_response("from the journal"))
+    monkeypatch.setattr(resume_llm, "_ledger", lambda: journal)
+    assert child().call([{"role": "user", "content": "hi"}]) == "from the journal"
+    assert base.made == 0 and journal.responses == []  # not made, not billed
+
+    live = _Ledger(None)
+    monkeypatch.setattr(resume_llm, "_ledger", lambda: live)
+    assert child().call([{"role": "user", "content": "hi"}]) == "live"
+    assert base.made == 1
+    assert len(live.requests) == 1 and live.responses == [encode_response("live")]
+
+
+def test_a_journaled_response_that_does_not_fit_the_call_runs_it_live(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from crewfence_sidecar import resume_llm
+
+    base, _ = _llm_classes()
+    resume_llm.wrap_llm_class(base)
+    journal = _Ledger(encode_response(Verdict(score=1)))  # structured, but text is asked
+    monkeypatch.setattr(resume_llm, "_ledger", lambda: journal)
+    assert base().call([{"role": "user", "content": "hi"}]) == "live"
+    assert base.made == 1 and journal.journaled is None
