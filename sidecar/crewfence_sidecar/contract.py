@@ -82,6 +82,7 @@ class EventName(StrEnum):
     # --- resume (a successor reusing its predecessor's journaled trajectory) ---
     TASK_REUSED = "task_reused"
     TOOL_CALL_REUSED = "tool_call_reused"
+    MODEL_CALL_REUSED = "model_call_reused"
     BATCH_ITEM_COMPLETED = "batch_item_completed"
     BATCH_ITEM_REUSED = "batch_item_reused"
 
@@ -89,7 +90,8 @@ class EventName(StrEnum):
 EFFECT_EVENTS: Final = frozenset({EventName.TASK_STARTED, EventName.TASK_COMPLETED,
                                   EventName.MODEL_CALL, EventName.TOOL_CALL_STARTED,
                                   EventName.TOOL_CALL_FINISHED, EventName.TASK_REUSED,
-                                  EventName.TOOL_CALL_REUSED, EventName.BATCH_ITEM_COMPLETED,
+                                  EventName.TOOL_CALL_REUSED, EventName.MODEL_CALL_REUSED,
+                                  EventName.BATCH_ITEM_COMPLETED,
                                   EventName.BATCH_ITEM_REUSED})
 """Events a job's ledger appends between ``started`` and its terminal event."""
 
@@ -1042,6 +1044,8 @@ class EffectSummary:
     """Tasks not run again: their journaled outputs were reused (``task_reused``)."""
     tool_calls_reused: int = 0
     """Tool calls not executed again: answered from the journal (``tool_call_reused``)."""
+    model_calls_reused: int = 0
+    """Model calls not made again: answered from the journal (``model_call_reused``)."""
     batch_items_reused: int = 0
 
     def to_status(self) -> dict[str, Any]:
@@ -1055,10 +1059,12 @@ class EffectSummary:
         """``reused`` (only for a resumed job): what came from the predecessor's journal; the
         other counts (modelCalls, toolCalls, tasksCompleted) are what ran live."""
         if self.resumed_from is None and not (self.tasks_reused or self.tool_calls_reused
+                                              or self.model_calls_reused
                                               or self.batch_items_reused):
             return {}
         return {"reused": {"fromActionId": self.resumed_from, "tasks": self.tasks_reused,
                            "toolCalls": self.tool_calls_reused,
+                           "modelCalls": self.model_calls_reused,
                            "batchItems": self.batch_items_reused}}
 
     def to_usage(self) -> dict[str, Any]:
@@ -1094,7 +1100,7 @@ def summarize_effects(events: Iterable[JobEvent | dict[str, Any]]) -> EffectSumm
     ended_clean = False
     resumed_from: str | None = None
     reused = {EventName.TASK_REUSED: 0, EventName.TOOL_CALL_REUSED: 0,
-              EventName.BATCH_ITEM_REUSED: 0}
+              EventName.MODEL_CALL_REUSED: 0, EventName.BATCH_ITEM_REUSED: 0}
     for raw in events:
         event = raw if isinstance(raw, JobEvent) else JobEvent.from_wire(raw)
         data = event.data
@@ -1137,4 +1143,5 @@ def summarize_effects(events: Iterable[JobEvent | dict[str, Any]]) -> EffectSumm
                          in_doubt=in_doubt, resumed_from=resumed_from,
                          tasks_reused=reused[EventName.TASK_REUSED],
                          tool_calls_reused=reused[EventName.TOOL_CALL_REUSED],
+                         model_calls_reused=reused[EventName.MODEL_CALL_REUSED],
                          batch_items_reused=reused[EventName.BATCH_ITEM_REUSED])

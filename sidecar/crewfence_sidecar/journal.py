@@ -92,6 +92,42 @@ _ARCHIVE_RECORDED_BY_AGE: Final = (
     "(SELECT 1 FROM recorded m WHERE m.action_id = records.action_id)) ORDER BY updated_at")
 
 
+@dataclass(frozen=True)
+class ResumeFacts:
+    """What the journal says about a terminal, uncertain record as a resume's predecessor."""
+
+    material: bool
+    """Its ``started`` event says it journaled resume material (``resume_material``)."""
+    claim: dict[str, Any] | None
+    """Its ``successor`` claim's data, if one was journaled."""
+    successor_ended: bool
+    """The claimed successor's record is terminal here, or was archived."""
+
+
+def kept_for_resume(facts: ResumeFacts) -> bool:
+    """Whether bulk archiving (``journal.retention``, ``POST /admin/archive``) must keep an
+    uncertain record for a resume; pure.
+
+    Invariant (resume material outlives retention until its successor ends): an uncertain
+    record that journaled resume material is kept while it may still be resumed (no successor
+    claimed yet: the person deciding it may still ask for ``rerun --resume``), and while a
+    resuming successor it claimed has not ended (claimed and not admitted yet, or running);
+    a plain (non-resume) successor's claim ends the keep at once, since that successor needs
+    no material and the one-successor fence forbids a resume after it. Only age-based
+    archiving obeys this; a person archiving the one record (``DELETE /jobs/{id}``) is
+    refused only while its resuming successor has not ended (:func:`resume_pending`).
+    """
+    if facts.claim is None:
+        return facts.material
+    return resume_pending(facts)
+
+
+def resume_pending(facts: ResumeFacts) -> bool:
+    """A resuming successor was claimed for this record and has not ended; pure."""
+    return (facts.claim is not None and facts.claim.get("resume") is True
+            and not facts.successor_ended)
+
+
 class JournalError(Exception):
     """The journal cannot be opened or restored; the message is one printable line."""
 
@@ -523,6 +559,22 @@ class Journal:
         record.updated_at = now
         return JobEvent(event=name, sequence=seq, data=data)
 
+    def resume_facts(self, action_id: str) -> ResumeFacts:
+        """The facts :func:`kept_for_resume` decides on, read from this journal."""
+        row = self._conn.execute("SELECT data FROM events WHERE action_id = ? AND sequence = 0",
+                                 (action_id,)).fetchone()
+        started = json.loads(row[0]) if row is not None else {}
+        claim = self.successor(action_id)
+        ended = False
+        if claim is not None:
+            successor = str(claim.data.get("successor_action_id") or "")
+            record = self.records.get(successor)
+            ended = (record.terminal if record is not None
+                     else self.tombstone(successor) is not None)
+        return ResumeFacts(material=started.get("resume_material") is True,
+                           claim=claim.data if claim is not None else None,
+                           successor_ended=ended)
+
     def archive(self, action_id: str) -> Tombstone:
         """Remove a terminal record and its events, leaving a tombstone."""
         record = self.records[action_id]
@@ -563,10 +615,12 @@ class Journal:
             query, args = _ARCHIVE_RECORDED_BY_AGE, (cutoff, unrecorded_cutoff)
         with self._tx() as conn:
             rows = conn.execute(query, args).fetchall()
+            # a successor claim exists only on an uncertain record: the others never look
             stones = [Tombstone(action_id=r[0], crew_id=r[1], operation=r[2],
                                 request_hash=r[3], status=_STATUS[r[4]],
                                 archived_at=archived_at, uncertain_outcome=bool(r[5]))
-                      for r in rows]
+                      for r in rows
+                      if not (r[5] and kept_for_resume(self.resume_facts(r[0])))]
             for stone in stones:
                 conn.execute("DELETE FROM events WHERE action_id = ?", (stone.action_id,))
                 conn.execute("DELETE FROM recorded WHERE action_id = ?", (stone.action_id,))

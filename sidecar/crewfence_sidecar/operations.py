@@ -58,7 +58,12 @@ from crewfence_sidecar.contract import ARTIFACT_NAME_RE, Operation
 from crewfence_sidecar.crews import CrewCatalog
 from crewfence_sidecar.offline_llm import bind_cancel_event, resolve_llm, unbind_cancel_event
 from crewfence_sidecar.private_loop import on_loop, run_on_private_loop
-from crewfence_sidecar.resume import MAX_RESUME_MATERIAL_CHARS, ResumePlan, ToolReplay
+from crewfence_sidecar.resume import (
+    MAX_RESUME_MATERIAL_CHARS,
+    ModelReplay,
+    ResumePlan,
+    ToolReplay,
+)
 from crewfence_sidecar.runtime import JobContext
 from crewfence_sidecar.tools import ledger
 
@@ -198,10 +203,15 @@ async def _run(catalog: CrewCatalog, ctx: ExecutionContext, cancelled: threading
     crew = await _build(catalog, ctx.crew_id)
     crew.stream = True
     plan = _plan(ctx)
+    job_ledger = ledger.current()
+    if job_ledger is not None and job_ledger.tracks_models():
+        from crewfence_sidecar.resume_llm import wrap_crew_llms
+
+        wrap_crew_llms(crew)  # model calls get their request hash, response, replay
     if plan is not None:
         from crewfence_sidecar.resume_crew import reuse_completed_tasks
 
-        reuse_completed_tasks(crew, plan, ledger.current())
+        reuse_completed_tasks(crew, plan, job_ledger)
     if not uses_knowledge(crew):
         return await _stream_kickoff(crew, dict(ctx.input), ctx.emit_chunk)
     # The runtime journals chunks on the sidecar's loop, not on the private one.
@@ -494,10 +504,13 @@ async def execute(catalog: CrewCatalog, ctx: ExecutionContext) -> Any:
     plan = _plan(ctx)
     # batch_run inputs share the job's call counter in timing order: their positions are not
     # stable, so only a run's tool calls are replayed (a batch reuses whole inputs)
-    replay = (ToolReplay(plan) if plan is not None and ctx.operation == Operation.RUN.value
-              else None)
-    job_ledger = ledger.JobLedger(ctx.action_id, ctx.record_effect,
-                                  keep_material=ctx.keep_material, replay=replay)
+    resumed_run = plan is not None and ctx.operation == Operation.RUN.value
+    job_ledger = ledger.JobLedger(
+        ctx.action_id, ctx.record_effect, keep_material=ctx.keep_material,
+        replay=ToolReplay(plan) if plan is not None and resumed_run else None,
+        model_replay=ModelReplay(plan) if plan is not None and resumed_run else None,
+        track_models=ctx.operation == Operation.RUN.value and (ctx.keep_material
+                                                               or resumed_run))
     try:
         with ledger.bound(job_ledger):
             output = await _execute(catalog, ctx)

@@ -23,13 +23,22 @@ then consults the plan:
   | in doubt, not resolved                          | never runs it (admission refuses such a  |
   |                                                 | resume: :func:`unresolved_in_doubt`)    |
 
+- **Model calls** of the tasks that do run, position by position (task index, the call's
+  index within its task; :class:`ModelReplay`): a call whose request (messages, model, tools,
+  structured-output schema: ``request_sha256``) matches the predecessor's call at that
+  position and whose response was journaled is answered from the journal (``REPLAY``: no
+  second bill). The first call that diverges (another request, no journaled call there: the
+  call that was in doubt, or no response journaled) runs live, and so does every later model
+  call of that task.
 - **batch_run.** Inputs whose output the predecessor journaled (``batch_item_completed``)
   are not run again; the others run live.
 
 Invariants: a tool call that finished in the predecessor is never executed by the successor
 unless its result was not journaled, and then only with the predecessor's idempotency key;
 an in-doubt call runs again only with that key and only when resolved NotHappened or
-Compensated. A resumed record's ``task_reused`` / ``tool_call_reused`` events carry the same
+Compensated. A model call is answered from the journal only when its request hash equals the
+journaled one at its position and no earlier model call of its task ran live. A resumed
+record's ``task_reused`` / ``tool_call_reused`` / ``model_call_reused`` events carry the same
 material, so a successor of a successor reuses them too (keys stay the first ones).
 """
 
@@ -59,6 +68,29 @@ ALREADY_MADE_TEXT: Final = (
 NOT_RESOLVED_TEXT: Final = (
     "crewfence: this tool call may have been made by an earlier attempt of this job and its "
     "outcome is not resolved, so it is not made again.")
+
+
+class ModelAction(StrEnum):
+    LIVE = "live"
+    REPLAY = "replay"
+
+
+@dataclass(frozen=True)
+class JournaledModelCall:
+    """One model call of the predecessor, at (task_index, model_index within the task)."""
+
+    request_sha256: str
+    response: str | None = None
+    """The response as the ledger encodes it (``ledger.encode_model_response``; resume
+    material), None when not journaled."""
+
+
+@dataclass(frozen=True)
+class ModelDecision:
+    action: ModelAction
+    response: str | None = None
+    """For REPLAY: the journaled (encoded) response the caller receives instead of a call."""
+    reason: str = ""
 
 
 class ToolAction(StrEnum):
@@ -105,6 +137,8 @@ class ResumePlan:
     calls: dict[tuple[int, int], JournaledCall] = field(default_factory=dict)
     batch_outputs: dict[int, Any] = field(default_factory=dict)
     """batch_run: the output of each input the predecessor completed, by input index."""
+    model_calls: dict[tuple[int, int], JournaledModelCall] = field(default_factory=dict)
+    """The predecessor's model calls of a task, by (task index, model index in the task)."""
 
     def to_wire(self) -> dict[str, Any]:
         """JSON for the worker's job frame (see :meth:`from_wire`)."""
@@ -115,7 +149,10 @@ class ResumePlan:
                            "idempotency_key": j.idempotency_key, "finished": j.finished,
                            "result": j.result} for (t, c), j in sorted(self.calls.items())],
                 "batch_outputs": [{"index": i, "output": o}
-                                  for i, o in sorted(self.batch_outputs.items())]}
+                                  for i, o in sorted(self.batch_outputs.items())],
+                "model_calls": [{"task_index": t, "model_index": m,
+                                 "request_sha256": j.request_sha256, "response": j.response}
+                                for (t, m), j in sorted(self.model_calls.items())]}
 
     @classmethod
     def from_wire(cls, data: dict[str, Any]) -> ResumePlan:
@@ -127,7 +164,10 @@ class ResumePlan:
                    task_outputs=tuple(str(o) for o in data.get("task_outputs") or []),
                    tasks_total=int(data.get("tasks_total") or 0), calls=calls,
                    batch_outputs={int(b["index"]): b["output"]
-                                  for b in data.get("batch_outputs") or []})
+                                  for b in data.get("batch_outputs") or []},
+                   model_calls={(int(m["task_index"]), int(m["model_index"])): JournaledModelCall(
+                       request_sha256=str(m["request_sha256"]), response=m.get("response"))
+                       for m in data.get("model_calls") or []})
 
 
 def build_plan(predecessor: str, events: Iterable[JobEvent], resolution: str | None) -> ResumePlan:
@@ -142,6 +182,7 @@ def build_plan(predecessor: str, events: Iterable[JobEvent], resolution: str | N
     calls: dict[tuple[int, int], JournaledCall] = {}
     by_key: dict[str, tuple[int, int]] = {}
     batch: dict[int, Any] = {}
+    models: dict[tuple[int, int], JournaledModelCall] = {}
     for event in events:
         data = event.data
         name = event.event
@@ -174,6 +215,14 @@ def build_plan(predecessor: str, events: Iterable[JobEvent], resolution: str | N
                 calls[where] = JournaledCall(
                     tool=started.tool, arguments_sha256=started.arguments_sha256,
                     idempotency_key=started.idempotency_key, finished=True, result=result)
+        elif name in (EventName.MODEL_CALL, EventName.MODEL_CALL_REUSED):
+            task_index, model_index = _ix(data.get("task_index")), _ix(data.get("model_index"))
+            request = data.get("request_sha256")
+            if task_index is not None and model_index is not None and isinstance(request, str):
+                response = data.get("response")
+                models[(task_index, model_index)] = JournaledModelCall(
+                    request_sha256=request,
+                    response=response if isinstance(response, str) else None)
         elif name in (EventName.BATCH_ITEM_COMPLETED, EventName.BATCH_ITEM_REUSED):
             index = _ix(data.get("index"))
             if index is not None and "output" in data:
@@ -193,9 +242,16 @@ def build_plan(predecessor: str, events: Iterable[JobEvent], resolution: str | N
                     finished=calls[where].finished, result=None)
             else:
                 budget -= len(result)
+    for where in sorted(models):
+        response = models[where].response
+        if response is not None:
+            if len(response) > budget:  # beyond the plan's bound: that call runs live
+                models[where] = JournaledModelCall(models[where].request_sha256, None)
+            else:
+                budget -= len(response)
     return ResumePlan(predecessor=predecessor, resolution=resolution,
                       task_outputs=tuple(prefix), tasks_total=total, calls=calls,
-                      batch_outputs=batch)
+                      batch_outputs=batch, model_calls=models)
 
 
 def unresolved_in_doubt(plan: ResumePlan) -> list[str]:
@@ -250,5 +306,41 @@ class ToolReplay:
                 return ToolDecision(ToolAction.LIVE, None, reason="diverged earlier")
             decision = decide_tool(self.plan, task_index, call_index, tool, arguments_sha256)
             if decision.action is ToolAction.LIVE:
+                self._diverged.add(task_index)
+            return decision
+
+
+def decide_model(plan: ResumePlan, task_index: int, model_index: int,
+                 request_sha256: str) -> ModelDecision:
+    """The replay decision for the successor's model call at (task_index, model_index) when
+    no earlier model call of its task ran live; pure."""
+    journaled = plan.model_calls.get((task_index, model_index))
+    if journaled is None:
+        return ModelDecision(ModelAction.LIVE, reason="not in the predecessor")
+    if journaled.request_sha256 != request_sha256:
+        return ModelDecision(ModelAction.LIVE, reason="diverged")
+    if journaled.response is None:
+        return ModelDecision(ModelAction.LIVE, reason="response not journaled")
+    return ModelDecision(ModelAction.REPLAY, response=journaled.response, reason="matched")
+
+
+@dataclass
+class ModelReplay:
+    """The successor's model-call replay state: which tasks ran a model call live (thread-safe).
+
+    Invariant: once a model call of a task ran live, every later model call of that task runs
+    live (the conversation is no longer the journaled one: no response of the predecessor is
+    handed on for it, even were a later request to hash alike)."""
+
+    plan: ResumePlan
+    _diverged: set[int] = field(default_factory=set)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def decide(self, task_index: int, model_index: int, request_sha256: str) -> ModelDecision:
+        with self._lock:
+            if task_index in self._diverged:
+                return ModelDecision(ModelAction.LIVE, reason="diverged earlier")
+            decision = decide_model(self.plan, task_index, model_index, request_sha256)
+            if decision.action is ModelAction.LIVE:
                 self._diverged.add(task_index)
             return decision

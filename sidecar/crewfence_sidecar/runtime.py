@@ -49,6 +49,7 @@ from crewfence_sidecar.journal import (
     JournalFull,
     PersistError,
     dumps,
+    resume_pending,
     utc_iso,
     utc_now,
 )
@@ -319,6 +320,8 @@ class Runtime:
                                    "timeout_ms": req.effective_timeout_ms}
         if req.resume_from is not None:
             started["resume_from"] = req.resume_from
+        if self.settings.resume_material and req.operation in RESUMABLE_OPERATIONS:
+            started["resume_material"] = True  # retention keeps it for a resume (journal)
         try:
             with self.metrics.persist_timer():
                 self.journal.admit(record, started)
@@ -668,6 +671,10 @@ class Runtime:
         if not record.terminal:
             raise ContractError(409, "job_running", "only terminal records can be archived; "
                                 "cancel the job first")
+        if record.uncertain_outcome and resume_pending(self.journal.resume_facts(action_id)):
+            raise ContractError(409, "resume_pending",
+                                "a successor resuming this action's journaled trajectory has "
+                                "not ended; archive it once that successor has ended")
         try:
             stone = self.journal.archive(action_id)
         except PersistError:
@@ -819,8 +826,11 @@ class Runtime:
                     f"{existing.data.get('successor_action_id')!r}; one successor per "
                     "uncertain outcome", {"successor": existing.to_wire()})
             return existing, resolution, False
-        data = {"crew_id": req.crew_id, "successor_action_id": req.successor_action_id,
-                "recorded_at": utc_now()}
+        data: dict[str, Any] = {"crew_id": req.crew_id,
+                                "successor_action_id": req.successor_action_id,
+                                "recorded_at": utc_now()}
+        if req.resume:
+            data["resume"] = True  # retention keeps the material until it ends (journal)
         try:
             event = self.journal.append_successor(req.action_id, data)
         except JournalFull as exc:

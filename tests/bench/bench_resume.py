@@ -12,8 +12,9 @@ task's tool call; the predecessor is resolved NotHappened; then on the same jour
 - a resume (``resume_from`` the predecessor)
 
 run to completion (blocking ``POST /jobs``, one after the other, in alternating order over
-``--rounds``). Printed per side: model calls (the record's ``model_call`` events), tool
-calls the tool server executed, tool calls executed twice (a key or title the server had
+``--rounds``). Printed per side: model calls made (the record's ``model_call`` events),
+model calls answered from the journal (``model_call_reused``), tool calls the tool server
+executed, tool calls executed twice (a key or title the server had
 already seen from the predecessor), and wall time (the blocking POST).
 
 Goal (exit status 1 otherwise): the resume makes at most the last task's model calls (its
@@ -141,10 +142,13 @@ def one_round(work: Path, env: dict[str, str], ledger: Path, tasks: int, tag: st
             wall = time.perf_counter() - started
             assert status == 200, answer
             ran = lines(ledger)[mark:]
-            models = sum(1 for e in events(second.url, action) if e["event"] == "model_call")
+            journaled = events(second.url, action)
+            models = sum(1 for e in journaled if e["event"] == "model_call")
+            reused = sum(1 for e in journaled if e["event"] == "model_call_reused")
             twice = sum(1 for r in ran if r["meta_key"] in seen_keys)
             finished_again = sum(1 for r in ran if r["title"] in seen_titles)
-            out[side] = {"model_calls": models, "tool_calls": len(ran),
+            out[side] = {"model_calls": models, "model_calls_reused": reused,
+                         "tool_calls": len(ran),
                          "same_key_repeats": twice, "finished_calls_executed_again":
                          finished_again, "wall_s": wall}
     finally:

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """The crewfence demo: a real control plane, the operator, a CrewJob that succeeds, and a slow
 CrewJob whose pod is killed, ending with an honestly uncertain outcome and recovery advice;
-then a person resolves it with the kubectl plugin and its linked successor runs once.
+then a person resolves it with the kubectl plugin and resumes it: its linked successor runs
+once, reusing from the journal what had finished (the first task, the model call that asked
+for the tool) and running again only the tool call in doubt, with the same idempotency key.
 
     python tests/e2e/demo.py [--keep]      # --keep leaves the cluster running afterwards
 
@@ -169,7 +171,7 @@ def plugin(cluster: Cluster, folder: Path, *args: str) -> str:
 
 
 def close_the_loop(cluster: Cluster) -> None:
-    """The human half: find, explain, resolve with the kubectl plugin, rerun once."""
+    """The human half: find, explain, resolve with the kubectl plugin, resume once."""
     folder = plugin_dir(STATE_DIR)
     say("A person closes the loop with the kubectl plugin (kubectl-crewfence on the PATH): "
         "find the unresolved uncertain outcomes, read the evidence, record the finding.")
@@ -182,26 +184,42 @@ def close_the_loop(cluster: Cluster) -> None:
         cluster, folder, "resolve", "crewjob-slow", "-n", NAMESPACE, "--not-happened",
         "--note", "demo: no provider request for this action id in the logs"))
     show(cluster, "get", "crewjobs", "-n", NAMESPACE)
-    say("Only a linked successor (spec.supersedes) may run that work again, and only once.")
-    step("kubectl crewfence rerun crewjob-slow", lambda: plugin(
-        cluster, folder, "rerun", "crewjob-slow", "-n", NAMESPACE))
-    successor = step("Waiting until the operator admits the successor crewjob-slow-rerun",
-                     lambda: _expect(wait_phase(cluster, NAMESPACE, "crewjob-slow-rerun",
-                                                ("Running", "Succeeded"), timeout=300),
-                                     "Running", uncertain=False))
-    again = kubectl_plugin(cluster, folder, "rerun", "crewjob-slow", "-n", NAMESPACE)
+    say("Only a linked successor (spec.supersedes) may run that work again, and only once. "
+        "With --resume it continues the journaled trajectory instead of starting over (the "
+        "Crew journals resume material: task outputs, tool results, model responses): the "
+        "research task is not run again, the model call that asked for notify is answered "
+        "from the journal (no second bill), and the notify call in doubt runs again with the "
+        "SAME idempotency key, because it was resolved NotHappened.")
+    step("kubectl crewfence rerun crewjob-slow --resume", lambda: plugin(
+        cluster, folder, "rerun", "crewjob-slow", "-n", NAMESPACE, "--resume"))
+    running = step("Waiting until the operator admits the successor crewjob-slow-rerun",
+                   lambda: wait_phase(cluster, NAMESPACE, "crewjob-slow-rerun",
+                                      ("Running", "Succeeded"), timeout=300))
+    again = kubectl_plugin(cluster, folder, "rerun", "crewjob-slow", "-n", NAMESPACE,
+                           "--resume")
     if again.returncode == 0:
         raise StepFailed("a second rerun of crewjob-slow was accepted")
     say(f"A second rerun is refused: {again.stderr.strip()}")
-    links = successor["status"].get("supersedes") or {}
-    where = successor["status"].get("assignment") or {}
+    where = running["status"].get("assignment") or {}
     say(f"crewjob-slow-rerun runs once, under its own action id "
-        f"{successor['status']['actionId']}, on replica {where.get('ordinal')} "
-        f"({where.get('pod')}); it supersedes {links.get('name')} (resolved "
-        f"{links.get('outcome')}), and crewjob-slow now names it in status.supersededBy. "
-        "Like crewjob-slow it takes a couple of minutes (its notify call waits 90 s); "
-        "watch it with kubectl get crewjobs -w or kubectl crewfence logs -f.")
+        f"{running['status']['actionId']}, on replica {where.get('ordinal')} (the replica "
+        "whose journal holds crewjob-slow's trajectory). Its notify call waits 90 s again.")
+    successor = step("Waiting for crewjob-slow-rerun to succeed", lambda: _expect(
+        wait_phase(cluster, NAMESPACE, "crewjob-slow-rerun", timeout=400), "Succeeded",
+        uncertain=False))
     show(cluster, "get", "crewjobs", "-n", NAMESPACE)
+    effects = successor["status"].get("effects") or {}
+    reused = effects.get("reused") or {}
+    links = successor["status"].get("supersedes") or {}
+    say(f"It supersedes {links.get('name')} (resolved {links.get('outcome')}). "
+        f"status.effects.reused, taken from {reused.get('fromActionId')}'s journal: "
+        f"{reused.get('tasks')} task(s), {reused.get('toolCalls')} tool call(s), "
+        f"{reused.get('modelCalls')} model call(s). Ran live: {effects.get('tasksCompleted')} "
+        f"task(s), {effects.get('toolCalls')} tool call(s), {effects.get('modelCalls')} model "
+        "call(s).")
+    if not reused.get("tasks") or not reused.get("modelCalls"):
+        raise StepFailed(f"the resume reused nothing: {json.dumps(effects)}")
+    plugin(cluster, folder, "explain", "crewjob-slow-rerun", "-n", NAMESPACE)
     show(cluster, "get", "crewjob", "crewjob-slow", "-n", NAMESPACE,
          "-o", "jsonpath={.status.supersededBy}")
     print()

@@ -7,6 +7,10 @@ the pods share) writes every call it executes with the idempotency key it receiv
 - after ``--not-happened``: tasks 1-2's calls were executed once, the third twice with the
   same key, the fourth once;
 - after ``--happened``: the third once.
+
+In both, the third task's first model call (the one that asked for the tool, finished in the
+predecessor) is answered from the journal. A ``batch_run`` resumed after two of its three
+inputs completed runs only the third again.
 """
 
 from __future__ import annotations
@@ -129,12 +133,54 @@ def test_a_resumed_crew_reruns_only_the_call_in_doubt(
     assert reused["fromActionId"] == f"{namespace}/four"
     assert reused["tasks"] == 2
     assert reused["toolCalls"] == (0 if outcome == "not-happened" else 1)
-    # live: tasks 3-4 only
+    # the third task's call that asked for the tool: from the journal, no second bill
+    assert reused["modelCalls"] == 1
+    # live: tasks 3-4 only (the third task's call after the tool, the fourth's two)
     assert status["effects"]["tasksCompleted"] == 2
     assert status["effects"]["toolCalls"] == (2 if outcome == "not-happened" else 1)
+    assert status["effects"]["modelCalls"] == 3
 
     explained = kubectl_plugin(cluster, plugin, "explain", "four-rerun", "-n", namespace)
     assert explained.returncode == 0, explained.stderr
     assert "the two trajectories" in explained.stdout
     assert "task 0 step1: predecessor completed; successor reused from the journal" \
         in explained.stdout
+
+
+def test_a_resumed_batch_run_reruns_only_the_input_that_did_not_complete(
+        cluster: Cluster, operator_process: Operator, pod_runner: PodRunner, namespace: str,
+        tmp_path: Path, tickets: tuple[str, Path]) -> None:
+    url, ledger = tickets
+    crew = _crew("single", url)
+    crew["spec"]["tasks"] = [{"name": "file", "agent": "clerk",
+                              "description": "Handle this request: {request}",
+                              "expected_output": "A short note"}]
+    crew["spec"]["operations"] = ["run", "batch_run"]
+    assert apply_obj(cluster, crew, namespace).returncode == 0
+    wait_crew_ready(cluster, namespace, "single", 1)
+    inputs = {"inputs": [{"request": _ticket("B-0")}, {"request": _ticket("B-1")},
+                         {"request": _ticket("B-2", sleep=300)}]}
+    assert apply_obj(cluster, crewjob_manifest("batch", "batch_run", inputs, crew="single",
+                                               timeoutMs=900000), namespace).returncode == 0
+    plugin = plugin_dir(tmp_path)
+
+    def two_done_third_in_flight() -> bool | None:
+        logs = kubectl_plugin(cluster, plugin, "logs", "batch", "-n", namespace).stdout
+        return (logs.count("batch_item_completed") == 2 and bool(_lines(ledger, "B-2"))) or None
+
+    wait_for(two_done_third_in_flight, timeout=300,
+             what="two inputs to complete and the third's call to reach the tool server")
+    pod_runner.kill(namespace, "single-0")
+    pred = wait_phase(cluster, namespace, "batch", timeout=300)["status"]
+    assert pred["uncertainOutcome"] is True, pred
+    wait_crew_ready(cluster, namespace, "single", 1)
+    resolved = kubectl_plugin(cluster, plugin, "resolve", "batch", "-n", namespace,
+                              "--not-happened", "--note", "checked the ticket system")
+    assert resolved.returncode == 0, resolved.stderr
+    made = kubectl_plugin(cluster, plugin, "rerun", "batch", "-n", namespace, "--resume")
+    assert made.returncode == 0, made.stderr
+    status = wait_phase(cluster, namespace, "batch-rerun", timeout=400)["status"]
+    assert status["phase"] == "Succeeded", json.dumps(status)
+    assert status["effects"]["reused"]["batchItems"] == 2
+    assert len(_lines(ledger, "B-0")) == 1 and len(_lines(ledger, "B-1")) == 1
+    assert len(_lines(ledger, "B-2")) == 2  # the input in flight ran again

@@ -55,6 +55,15 @@ def event_line(event: Mapping[str, Any]) -> str:
         request = f", request {data['request_id']}" if data.get("request_id") else ""
         what = (f"model call {data.get('call_index')} to {data.get('model')} (task "
                 f"`{data.get('task')}`{tokens}{request}){_ms(data.get('duration_ms'))}")
+    elif name == EventName.TASK_REUSED:
+        what = f"{_task(data)} reused from {data.get('from_action')}'s journal (not run again)"
+    elif name == EventName.TOOL_CALL_REUSED:
+        how = ("not made again (resolved Happened)" if data.get("action") == "already_made"
+               else "answered from the journal (not executed again)")
+        what = f"{_tool(data)} {how}"
+    elif name == EventName.MODEL_CALL_REUSED:
+        what = (f"model call {data.get('model_index')} of task `{data.get('task')}` answered "
+                f"from {data.get('from_action')}'s journal (request matched; no call made)")
     elif name == EventName.TOOL_CALL_STARTED:
         what = (f"{_tool(data)} STARTED, arguments sha256 "
                 f"{_short(data.get('arguments_sha256'))}")
@@ -83,6 +92,12 @@ def in_doubt_lines(status: Mapping[str, Any]) -> list[str]:
     lines = [f"  Effects: {effects.get('tasksCompleted')}/{effects.get('tasksTotal')} tasks "
              f"completed, {effects.get('modelCalls')} model calls, {effects.get('toolCalls')} "
              "tool calls."]
+    reused = effects.get("reused")
+    if isinstance(reused, Mapping):
+        lines.append(f"  Reused from {reused.get('fromActionId')}'s journal: "
+                     f"{reused.get('tasks')} tasks, {reused.get('modelCalls', 0)} model calls, "
+                     f"{reused.get('toolCalls')} tool calls, {reused.get('batchItems')} batch "
+                     "inputs (the counts above are what ran live).")
     doubt = effects.get("inDoubt") or []
     if not doubt:
         lines.append("  No tool call was in flight (none in doubt).")

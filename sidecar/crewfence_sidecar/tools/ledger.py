@@ -9,7 +9,8 @@ Installed once per process (:func:`install`); a job binds its :class:`JobLedger`
 | ``post_step`` (kind task)             | ``task_completed``                           |
 | ``pre_model_call`` .. its end         | ``model_call`` (end: ``post_model_call``, the |
 |                                       | task's next tool call or model call, the end |
-|                                       | of its task or of the job)                   |
+|                                       | of its task or of the job); one answered     |
+|                                       | from the journal: ``model_call_reused``      |
 | ``pre_tool_call``                     | ``tool_call_started`` (durable, acknowledged) |
 | ``post_tool_call``                    | ``tool_call_finished``                       |
 
@@ -33,6 +34,11 @@ Invariants:
   ``tool_call_finished`` themselves (no extra transaction), only up to
   ``resume.MAX_RESUME_MATERIAL_CHARS``; larger material is left out (``material: "too_large"``)
   and so is not reusable.
+- Model calls (``resume_llm`` wraps the LLM's ``call``): each carries its position
+  (``task_index``, ``model_index`` within the task) and ``request_sha256``; with material on,
+  the response (``response``, bounded like the rest). A resumed job's call that
+  :class:`~crewfence_sidecar.resume.ModelReplay` answers from the journal is never made: the
+  wrapper returns the journaled response, journaled as ``model_call_reused`` (no tokens).
 - Replay (``replay``, a resumed job): a call the :class:`~crewfence_sidecar.resume.ToolReplay`
   answers from the journal (``REPLAY``, ``ALREADY_MADE``) never runs: the pre-tool hook aborts
   it (crewai then runs no tool) and the post-tool hook hands crewai the journaled text as the
@@ -60,7 +66,13 @@ from crewfence_sidecar.contract import (
     arguments_sha256,
     tool_idempotency_key,
 )
-from crewfence_sidecar.resume import MAX_RESUME_MATERIAL_CHARS, ToolAction, ToolReplay
+from crewfence_sidecar.resume import (
+    MAX_RESUME_MATERIAL_CHARS,
+    ModelAction,
+    ModelReplay,
+    ToolAction,
+    ToolReplay,
+)
 from crewfence_sidecar.tool_context import reset_idempotency_key, set_idempotency_key
 
 EffectSink = Callable[[str, dict[str, Any], bool], bool]
@@ -92,6 +104,14 @@ class _ModelCall:
     task: str | None
     llm: Any
     tokens: tuple[int | None, int | None]
+    task_index: int | None = None
+    """The call's task's index (None: a call outside a task, never replayed)."""
+    model_index: int = 0
+    """The call's index among its task's model calls."""
+    request_sha256: str | None = None
+    response: str | None = None
+    """The encoded response (``resume_llm.encode_response``), as material or as replayed."""
+    reused: bool = False
 
 
 @dataclass
@@ -187,11 +207,18 @@ class JobLedger:
     """Journal full task outputs and tool results (bounded) so a successor can resume."""
     replay: ToolReplay | None = None
     """A resumed job: the predecessor's journaled calls it may reuse."""
+    model_replay: ModelReplay | None = None
+    """A resumed job: the predecessor's journaled model calls it may reuse."""
+    track_models: bool = False
+    """Model calls go through ``resume_llm``'s wrapper: request hash, response material (with
+    ``keep_material``), replay (with ``model_replay``). A run's ledger only: batch inputs are
+    reused whole, their model calls never one by one."""
     refused: bool = False
     dropped: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _model_index: int = 0
     _next_call: dict[int, int] = field(default_factory=dict)
+    _next_model: dict[int, int] = field(default_factory=dict)
     _models: dict[int, _ModelCall] = field(default_factory=dict)
     _tools: threading.local = field(default_factory=threading.local)
 
@@ -241,11 +268,53 @@ class JobLedger:
         task = getattr(ctx, "task", None)
         self._end_models(task)
         llm = getattr(ctx, "llm", None)
-        name, _, _ = _task_place(task, getattr(ctx, "crew", None))
+        name, task_index, _ = _task_place(task, getattr(ctx, "crew", None))
         with self._lock:
+            model_index = self._next_model.get(task_index, 0) if task is not None else 0
+            if task is not None:
+                self._next_model[task_index] = model_index + 1
             self._models[id(task)] = _ModelCall(
                 started=time.perf_counter(), model=str(getattr(llm, "model", None) or ""),
-                task=name, llm=llm, tokens=_tokens(llm))
+                task=name, llm=llm, tokens=_tokens(llm),
+                task_index=task_index if task is not None else None, model_index=model_index)
+
+    def tracks_models(self) -> bool:
+        """Whether model calls need the LLM wrapper (material kept, or a resumed job)."""
+        return self.track_models
+
+    def model_request(self, task: Any, request_sha256: str) -> str | None:
+        """The call of ``task`` about to be made has this request: the journaled (encoded)
+        response when the journal answers it (the caller then makes no call), else None."""
+        with self._lock:
+            call = self._models.get(id(task))
+            if call is None:
+                return None
+            call.request_sha256 = request_sha256
+            if (self.model_replay is None or self.refused or task is None
+                    or call.task_index is None):
+                return None
+            decision = self.model_replay.decide(call.task_index, call.model_index,
+                                                request_sha256)
+            if decision.action is not ModelAction.REPLAY or decision.response is None:
+                return None
+            call.reused = True
+            call.response = decision.response
+            return decision.response
+
+    def model_not_replayed(self, task: Any) -> None:
+        """The journaled response did not fit the call: it runs live after all."""
+        with self._lock:
+            call = self._models.get(id(task))
+            if call is not None:
+                call.reused = False
+                call.response = None
+
+    def model_response(self, task: Any, encoded: str | None) -> None:
+        """The live call of ``task`` answered ``encoded`` (None: not reusable)."""
+        with self._lock:
+            call = self._models.get(id(task))
+            if call is not None and not call.reused:
+                call.response = encoded
 
     def _end_models(self, task: Any) -> None:
         with self._lock:
@@ -253,19 +322,35 @@ class JobLedger:
             if call is None:
                 return
             index = self._model_index
-            self._model_index += 1
+            if not call.reused:  # call_index counts the calls made
+                self._model_index += 1
         self._emit_model(call, index)
 
     def _emit_model(self, call: _ModelCall, index: int) -> None:
+        where: dict[str, Any] = {}
+        if call.task_index is not None:
+            where = {"task_index": call.task_index, "model_index": call.model_index}
+        if call.request_sha256 is not None:
+            where["request_sha256"] = call.request_sha256
+        if call.reused:
+            data: dict[str, Any] = {
+                "model": call.model, "task": call.task, **where,
+                "from_action": self.model_replay.plan.predecessor
+                if self.model_replay is not None else None}
+            _add_material(data, "response", call.response or "")  # a successor reuses it too
+            self._send(EventName.MODEL_CALL_REUSED, data)
+            return
         after = _tokens(call.llm)
         prompt = (after[0] - call.tokens[0]
                   if after[0] is not None and call.tokens[0] is not None else None)
         completion = (after[1] - call.tokens[1]
                       if after[1] is not None and call.tokens[1] is not None else None)
-        self._send(EventName.MODEL_CALL, {
-            "model": call.model, "call_index": index, "task": call.task,
-            "prompt_tokens": prompt, "completion_tokens": completion,
-            "duration_ms": round((time.perf_counter() - call.started) * 1000, 3)})
+        data = {"model": call.model, "call_index": index, "task": call.task, **where,
+                "prompt_tokens": prompt, "completion_tokens": completion,
+                "duration_ms": round((time.perf_counter() - call.started) * 1000, 3)}
+        if self.keep_material and call.response is not None:
+            _add_material(data, "response", call.response)
+        self._send(EventName.MODEL_CALL, data)
 
     def model_finished(self, ctx: Any) -> None:
         self._end_models(getattr(ctx, "task", None))

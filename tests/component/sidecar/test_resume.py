@@ -100,6 +100,7 @@ def env(tmp_path: Path, mcp_server: tuple[str, Path]) -> dict[str, str]:
     crews = tmp_path / "crews.yaml"
     crews.write_text(_crews_yaml(mcp_server[0]))
     return sidecar_env(state / "journal.db", crews, CREWFENCE_RESUME_MATERIAL="1",
+                       CREWFENCE_OFFLINE_LLM_LEDGER=str(tmp_path / "llm.jsonl"),
                        CREWFENCE_ALLOWED_OPERATIONS="run,batch_run",
                        PYTHONPATH=os.pathsep.join(p for p in (str(SUPPORT),
                                                               os.environ.get("PYTHONPATH"))
@@ -133,6 +134,17 @@ def _lines(path: Path, title: str) -> list[dict[str, Any]]:
 
 def _lines_all(path: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def _model_calls_made(env: dict[str, str]) -> dict[str, int]:
+    """How often the offline LLM was called per step of the four-task crew (its own ledger,
+    outside every journal)."""
+    path = Path(env["CREWFENCE_OFFLINE_LLM_LEDGER"])
+    counts: dict[str, int] = {}
+    for row in _lines_all(path) if path.exists() else []:
+        if row["task"].startswith("Step "):  # not the workers' warm-up calls
+            counts[row["task"]] = counts.get(row["task"], 0) + 1
+    return counts
 
 
 def _events(url: str, action_id: str) -> list[dict[str, Any]]:
@@ -192,6 +204,7 @@ def test_a_resumed_four_task_crew_reruns_only_what_is_in_doubt(
         pred_events = _events(second.url, "pred")
         events = _events(second.url, "succ")
         served = {r["title"]: len(_lines(ledger, r["title"])) for r in _lines_all(ledger)}
+        billed = _model_calls_made(env)
         fresh: list[dict[str, Any]] = []
         if outcome == "NotHappened":  # the same crew uninterrupted, for its task outputs
             status, _ = _call(f"{second.url}/jobs", "POST", {**body, "action_id": "fresh"},
@@ -240,9 +253,21 @@ def test_a_resumed_four_task_crew_reruns_only_what_is_in_doubt(
         assert [(c["task_index"], c["action"], c["idempotency_key"])
                 for c in reused_calls] == [(2, "already_made", pred_keys[2])]
         assert [(s["task_index"], s.get("resume")) for s in started] == [(3, "live")]
-    # model calls: none for the two reused tasks
+    # model calls: none for the two reused tasks; in the third, the call that asked for the
+    # tool (finished in the predecessor, same request) is answered from the journal, the one
+    # after the tool's result (in doubt: never journaled) runs live
     models = [e["data"] for e in events if e["event"] == "model_call"]
     assert {m["task"] for m in models} == {"step3", "step4"}
+    pred_models = [e["data"] for e in pred_events if e["event"] == "model_call"]
+    assert [(m["task_index"], m["model_index"]) for m in pred_models] == [
+        (0, 0), (0, 1), (1, 0), (1, 1), (2, 0)]
+    reused_models = [e["data"] for e in events if e["event"] == "model_call_reused"]
+    assert [(m["task_index"], m["model_index"], m["request_sha256"], m["response"])
+            for m in reused_models] == [(2, 0, pred_models[4]["request_sha256"],
+                                         pred_models[4]["response"])]
+    assert [(m["task_index"], m["model_index"]) for m in models] == [(2, 1), (3, 0), (3, 1)]
+    # the offline LLM's own log: the reused call was not made a second time
+    assert billed == {"Step 1:": 2, "Step 2:": 2, "Step 3:": 2, "Step 4:": 2}, billed
 
 
 def test_a_finished_call_of_the_task_in_flight_is_answered_from_the_journal(

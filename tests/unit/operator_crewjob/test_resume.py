@@ -151,6 +151,19 @@ def test_explain_puts_both_trajectories_side_by_side() -> None:
            "(cfk1-bbbbbbbbbbbb), finished" in rows[3]
 
 
+def test_explain_counts_each_tasks_model_calls_made_and_answered_from_the_journal() -> None:
+    from crewfence_operator.kubectl.trajectory import side_by_side
+
+    pred = [_ev("task_started", task="c", index=2),
+            _ev("model_call", task="c", task_index=2, model_index=0)]
+    succ = [_ev("task_started", task="c", index=2),
+            _ev("model_call_reused", task="c", task_index=2, model_index=0),
+            _ev("model_call", task="c", task_index=2, model_index=1),
+            _ev("task_completed", task="c", index=2)]
+    assert side_by_side(pred, succ)[1] == (
+        "      model calls: predecessor 1 made; successor 1 made, 1 from the journal")
+
+
 def test_the_followed_stream_counts_what_a_resumed_job_reused() -> None:
     from crewfence_operator.crewjob.effects import EffectLog
     from crewfence_sidecar.contract import JobEvent
@@ -161,10 +174,30 @@ def test_the_followed_stream_counts_what_a_resumed_job_reused() -> None:
            ("tool_call_reused", {"tool": "t", "task_index": 1, "call_index": 0,
                                  "idempotency_key": "k", "action": "replay",
                                  "from_action": "team-a/job-1"}),
+           ("model_call_reused", {"model": "m", "task_index": 1, "model_index": 0,
+                                  "request_sha256": "a" * 64, "from_action": "team-a/job-1"}),
+           ("model_call", {"model": "m", "task_index": 1, "model_index": 1}),
            ("task_completed", {"task": "b", "index": 1, "total": 2})]
     for seq, (name, data) in enumerate(raw):
         log.observe(JobEvent(event=name, sequence=seq, data=data))
     effects = log.summary().to_status()
     assert effects["reused"] == {"fromActionId": "team-a/job-1", "tasks": 1, "toolCalls": 1,
-                                 "batchItems": 0}
-    assert (effects["tasksCompleted"], effects["tasksTotal"], effects["toolCalls"]) == (1, 2, 0)
+                                 "modelCalls": 1, "batchItems": 0}
+    assert (effects["tasksCompleted"], effects["tasksTotal"], effects["toolCalls"],
+            effects["modelCalls"]) == (1, 2, 0, 1)
+
+
+def test_logs_say_what_a_resumed_job_took_from_the_journal() -> None:
+    from crewfence_operator.kubectl.timeline import event_line
+
+    def line(name: str, **data: Any) -> str:
+        return event_line({"event": name, "sequence": 1, "data": data})
+
+    assert "reused from p's journal (not run again)" in line(
+        "task_reused", task="a", index=0, total=2, from_action="p")
+    assert "answered from the journal (not executed again)" in line(
+        "tool_call_reused", tool="t", action="replay")
+    assert "not made again (resolved Happened)" in line(
+        "tool_call_reused", tool="t", action="already_made")
+    assert "answered from p's journal (request matched; no call made)" in line(
+        "model_call_reused", task="a", model_index=0, from_action="p")
