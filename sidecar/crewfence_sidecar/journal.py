@@ -112,6 +112,21 @@ class JournalLimits:
     max_state_bytes: int = 1024**3
 
 
+@dataclass(frozen=True)
+class BoundExceeded:
+    """A journal bound the journal is at or over: ``held`` (records, bytes, events of its
+    largest run, bytes of its largest event) against ``limit`` (the configured bound)."""
+
+    bound: str
+    """The JournalLimits field: max_retained_runs, max_state_bytes, max_events_per_run,
+    max_event_bytes."""
+    held: int
+    limit: int
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"bound": self.bound, "held": self.held, "limit": self.limit}
+
+
 def utc_now() -> str:
     return utc_iso(datetime.now(UTC))
 
@@ -163,6 +178,8 @@ class Journal:
         self.records: dict[str, JobRecord] = {}
         self._unloaded: set[str] = set()
         self.restore_report = RestoreReport(0, [], 0.0)
+        self._restored_most_events = 0
+        self._restored_biggest_event = 0
         self.draining = self._read_draining()
 
     # --- opening ---------------------------------------------------------------------------
@@ -184,9 +201,6 @@ class Journal:
                 if not create:
                     raise JournalError(f"journal {path} does not exist")
                 create_journal_file(path)
-            elif path.stat().st_size > limits.max_state_bytes:
-                raise JournalError(f"journal {path} is larger than CREWFENCE_MAX_STATE_BYTES "
-                                   f"({path.stat().st_size} > {limits.max_state_bytes})")
         try:
             conn = sqlite3.connect(str(path) if path else ":memory:", isolation_level=None,
                                    check_same_thread=False)
@@ -239,12 +253,7 @@ class Journal:
         return journal_id
 
     def _restore(self, started: float, *, recover: bool = True) -> None:
-        limits = self.limits
         name = self.path or "(memory)"
-        count = self._conn.execute("SELECT count(*) FROM records").fetchone()[0]
-        if count > limits.max_retained_runs:
-            raise JournalError(f"journal {name} holds {count} records, more than "
-                               f"CREWFENCE_MAX_RETAINED_RUNS={limits.max_retained_runs}")
         rows = self._conn.execute(_SELECT_RECORDS).fetchall()
         records: dict[str, JobRecord] = {}
         for row in rows:
@@ -267,18 +276,13 @@ class Journal:
             "max(length(CAST(data AS BLOB)) + length(event)) FROM events GROUP BY action_id"
         ).fetchall()
         seen: set[str] = set()
+        most_events = biggest_event = 0
         for action_id, count, lo, hi, biggest in stats:
             found = records.get(action_id)
             if found is None:
                 raise JournalError(f"journal {name}: events for unknown action {action_id!r}")
-            if count > limits.max_events_per_run:
-                raise JournalError(f"journal {name}: action {action_id!r} has {count} events, "
-                                   f"more than CREWFENCE_MAX_EVENTS_PER_RUN="
-                                   f"{limits.max_events_per_run}")
-            if biggest > limits.max_event_bytes:
-                raise JournalError(f"journal {name}: an event of action {action_id!r} has "
-                                   f"{biggest} bytes, more than CREWFENCE_MAX_EVENT_BYTES="
-                                   f"{limits.max_event_bytes}")
+            most_events = max(most_events, count)
+            biggest_event = max(biggest_event, biggest or 0)
             if lo != 0 or hi != count - 1 or count != found.event_count:
                 raise JournalError(f"journal {name}: events of action {action_id!r} are not "
                                    "contiguous from 0 or disagree with its event_count")
@@ -287,6 +291,7 @@ class Journal:
             if action_id not in seen and record.event_count != 0:
                 raise JournalError(f"journal {name}: action {action_id!r} lost its events")
         self.records = records
+        self._restored_most_events, self._restored_biggest_event = most_events, biggest_event
         self._unloaded = {r.action_id for r in records.values() if r.terminal}
         recovered = [r.action_id for r in records.values() if r.status is Status.RUNNING]
         if recover and recovered:
@@ -339,6 +344,32 @@ class Journal:
             return self._file_bytes()
         except sqlite3.Error:  # an in-memory journal that was closed: nothing is kept
             return 0
+
+    def over_bounds(self) -> list[BoundExceeded]:
+        """The bounds this journal holds more than (a bound lowered below what it holds).
+
+        Invariant (lowered journal bounds never brick a journal): such a journal opens and
+        serves everything it holds (lookups, exact repeats, archived answers, tombstones,
+        resolutions); only what would grow it past a bound is refused (507 ``journal_full``
+        for a new admission) until retention or archiving brings it back under. Records and
+        bytes are live; events per run and event bytes are as restored (only records of an
+        earlier, larger bound can exceed them, and those are terminal).
+        """
+        limits = self.limits
+        found: list[BoundExceeded] = []
+        held = len(self.records)
+        if held >= limits.max_retained_runs:
+            found.append(BoundExceeded("max_retained_runs", held, limits.max_retained_runs))
+        size = self.state_bytes()
+        if size + ESTIMATED_ROW_OVERHEAD > limits.max_state_bytes:
+            found.append(BoundExceeded("max_state_bytes", size, limits.max_state_bytes))
+        if self._restored_most_events > limits.max_events_per_run:
+            found.append(BoundExceeded("max_events_per_run", self._restored_most_events,
+                                       limits.max_events_per_run))
+        if self._restored_biggest_event > limits.max_event_bytes:
+            found.append(BoundExceeded("max_event_bytes", self._restored_biggest_event,
+                                       limits.max_event_bytes))
+        return found
 
     def _check_room(self, extra: int) -> None:
         # stat() of two files: constant cost, and exact enough for a bound
@@ -665,10 +696,12 @@ class Journal:
         record = self.records[action_id]
         if not record.terminal:
             raise ValueError(f"only terminal records take a {name} event")
-        if record.event_count >= self.limits.max_events_per_run:
-            raise JournalFull(f"CREWFENCE_MAX_EVENTS_PER_RUN reached; no room for the {name}")
-        encoded = self._encode_event(
-            name, data, too_large=f"the {name} is over CREWFENCE_MAX_EVENT_BYTES")
+        # Neither CREWFENCE_MAX_EVENTS_PER_RUN nor CREWFENCE_MAX_STATE_BYTES refuses a
+        # finding: at most two small ones per record exist, and a journal at (or, after a
+        # lowered bound, over) its bound must still take a person's resolution.
+        encoded = dumps(data)
+        if len(encoded.encode("utf-8")) + len(name) > self.limits.max_event_bytes:
+            raise JournalFull(f"the {name} is over CREWFENCE_MAX_EVENT_BYTES")
         seq = record.event_count
         with self._tx() as conn:
             conn.execute("INSERT INTO events VALUES (?, ?, ?, ?)",
