@@ -19,7 +19,7 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Final
 
@@ -110,6 +110,9 @@ class JournalLimits:
     max_events_per_run: int = 10_000
     max_event_bytes: int = 256 * 1024
     max_state_bytes: int = 1024**3
+    tombstone_retention_seconds: int = 0
+    """How long a tombstone answers for its action after it was archived (counted from the
+    first archive, hand-overs included); 0 (the default): it never expires."""
 
 
 @dataclass(frozen=True)
@@ -217,6 +220,10 @@ class Journal:
             raise JournalError(f"journal {path} is not a usable SQLite journal: {exc}") from None
         journal = cls(conn, path, limits, journal_id)
         journal._restore(started)
+        try:
+            journal.expire_tombstones()
+        except PersistError as exc:
+            raise JournalError(f"journal {path}: cannot expire tombstones: {exc}") from None
         return journal
 
     @classmethod
@@ -415,9 +422,31 @@ class Journal:
             self._unloaded.discard(action_id)
         return record
 
+    def tombstone_cutoff(self) -> str:
+        """Tombstones archived at or before this moment have expired ("" : none expire).
+
+        Invariant (an explicit tombstone retention, default never): a tombstone answers for
+        its action id (410 for the same request, 409 for another) until
+        ``tombstone_retention_seconds`` after it was first archived, and then never again;
+        with 0 it answers for the journal's whole life."""
+        seconds = self.limits.tombstone_retention_seconds
+        if seconds <= 0:
+            return ""
+        return utc_iso(datetime.now(UTC) - timedelta(seconds=seconds))
+
+    def expire_tombstones(self) -> int:
+        """Delete the tombstones past the retention (durably); how many went."""
+        cutoff = self.tombstone_cutoff()
+        if not cutoff:
+            return 0
+        with self._tx() as conn:
+            gone = conn.execute("DELETE FROM tombstones WHERE archived_at <= ?", (cutoff,))
+        return int(gone.rowcount or 0)
+
     def tombstone(self, action_id: str) -> Tombstone | None:
-        row = self._conn.execute("SELECT * FROM tombstones WHERE action_id = ?",
-                                 (action_id,)).fetchone()
+        row = self._conn.execute("SELECT * FROM tombstones WHERE action_id = ? "
+                                 "AND archived_at > ?",
+                                 (action_id, self.tombstone_cutoff())).fetchone()
         if row is None:
             return None
         return Tombstone(action_id=row["action_id"], crew_id=row["crew_id"],
@@ -430,13 +459,14 @@ class Journal:
         return [t for (aid,) in rows.fetchall() if (t := self.tombstone(aid)) is not None]
 
     def tombstone_count(self) -> int:
-        return int(self._conn.execute("SELECT count(*) FROM tombstones").fetchone()[0])
+        return int(self._conn.execute("SELECT count(*) FROM tombstones WHERE archived_at > ?",
+                                      (self.tombstone_cutoff(),)).fetchone()[0])
 
     def tombstone_page(self, after: str, limit: int) -> list[Tombstone]:
         """Tombstones in action-id order, starting after ``after`` (the hand-over export)."""
         rows = self._conn.execute(
-            "SELECT * FROM tombstones WHERE action_id > ? ORDER BY action_id LIMIT ?",
-            (after, limit)).fetchall()
+            "SELECT * FROM tombstones WHERE action_id > ? AND archived_at > ? "
+            "ORDER BY action_id LIMIT ?", (after, self.tombstone_cutoff(), limit)).fetchall()
         return [Tombstone(action_id=r["action_id"], crew_id=r["crew_id"],
                           operation=r["operation"], request_hash=r["request_hash"],
                           status=_STATUS[r["status"]], archived_at=r["archived_at"],
@@ -452,7 +482,7 @@ class Journal:
     # --- writes ----------------------------------------------------------------------------
     def admit(self, record: JobRecord, started_data: dict[str, Any]) -> JobEvent:
         """Insert a running record and its `started` event durably, or raise (nothing kept)."""
-        if record.action_id in self.records:
+        if record.action_id in self.records or self.tombstone(record.action_id) is not None:
             raise ValueError(f"action {record.action_id!r} already exists")
         if len(self.records) >= self.limits.max_retained_runs:
             raise JournalFull("the journal holds CREWFENCE_MAX_RETAINED_RUNS records; archive "
@@ -461,6 +491,8 @@ class Journal:
         self._check_room(len(data) + len(record.action_id) * 2)
         event = JobEvent(event=EventName.STARTED.value, sequence=0, data=started_data)
         with self._tx() as conn:
+            # an expired tombstone of this action id (tombstone() above said none answers)
+            conn.execute("DELETE FROM tombstones WHERE action_id = ?", (record.action_id,))
             conn.execute(
                 "INSERT INTO records VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (record.action_id, record.crew_id, record.operation, record.request_hash,
@@ -587,6 +619,7 @@ class Journal:
         found through the partial index ``records_terminal_by_age``: the cost follows the
         number archived, not the number retained.
         """
+        self.expire_tombstones()
         archived_at = utc_now()
         args: tuple[str, ...] = (cutoff,)
         query = _ARCHIVE_BY_AGE
@@ -623,9 +656,13 @@ class Journal:
         imported: list[Tombstone] = []
         known = 0
         conflicts: list[str] = []
+        cutoff = self.tombstone_cutoff()
         for stone in stones:
             if stone.action_id in self.records:
                 conflicts.append(stone.action_id)
+                continue
+            if cutoff and stone.archived_at <= cutoff:
+                known += 1  # expired where it came from too: nothing to keep
                 continue
             have = self.tombstone(stone.action_id)
             if have is None:
@@ -637,6 +674,9 @@ class Journal:
         if imported:
             with self._tx() as conn:
                 for stone in imported:
+                    # an expired row of this id may still be there (tombstone() ignores it)
+                    conn.execute("DELETE FROM tombstones WHERE action_id = ?",
+                                 (stone.action_id,))
                     conn.execute("INSERT INTO tombstones VALUES (?, ?, ?, ?, ?, ?, ?)",
                                  (stone.action_id, stone.crew_id, stone.operation,
                                   stone.request_hash, stone.status.value,

@@ -240,3 +240,70 @@ def test_fenced_open_then_restore(jpath: Path) -> None:
     j = _open(jpath)
     j.close()
     lock.release()
+
+
+def _archived(jpath: Path, action_id: str, **limits: int) -> Journal:
+    j = _open(jpath, **limits)
+    j.admit(_record(action_id), {})
+    j.finish(action_id, Status.COMPLETED, output=None, error=None, uncertain=False,
+             event_data={})
+    j.archive(action_id)
+    return j
+
+
+def _age_tombstones(jpath: Path, seconds: int) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from crewfence_sidecar.journal import utc_iso
+    conn = sqlite3.connect(jpath)
+    conn.execute("UPDATE tombstones SET archived_at = ?",
+                 (utc_iso(datetime.now(UTC) - timedelta(seconds=seconds)),))
+    conn.commit()
+    conn.close()
+
+
+def test_tombstones_never_expire_by_default(jpath: Path) -> None:
+    _archived(jpath, "a").close()
+    _age_tombstones(jpath, 100 * 365 * 24 * 3600)
+    j = _open(jpath)
+    assert j.tombstone("a") is not None and j.tombstone_count() == 1
+    with pytest.raises(ValueError):
+        j.admit(_record("a"), {})
+    j.close()
+
+
+def test_a_tombstone_answers_until_its_retention_then_never_again(jpath: Path) -> None:
+    """Invariant (Journal.tombstone_cutoff): an explicit tombstone retention ends a
+    tombstone; before it, the tombstone answers (and the action cannot be admitted)."""
+    j = _archived(jpath, "a", tombstone_retention_seconds=3600)
+    assert j.tombstone("a") is not None
+    with pytest.raises(ValueError):
+        j.admit(_record("a"), {})
+    j.close()
+    _age_tombstones(jpath, 3601)
+    conn = sqlite3.connect(jpath)  # the row is still there until the journal opens
+    assert conn.execute("SELECT count(*) FROM tombstones").fetchone()[0] == 1
+    conn.close()
+    j = _open(jpath, tombstone_retention_seconds=3600)
+    assert j.tombstone("a") is None and j.tombstone_count() == 0
+    assert j.tombstone_page("", 10) == []
+    j.admit(_record("a"), {})  # the action id is new again
+    j.close()
+    j = _open(jpath, tombstone_retention_seconds=3600)  # restores (no record+tombstone pair)
+    assert j.get("a") is not None
+    j.close()
+
+
+def test_an_expired_tombstone_is_not_imported(jpath: Path) -> None:
+    from crewfence_sidecar.contract import Tombstone
+
+    j = _open(jpath, tombstone_retention_seconds=60)
+    old = Tombstone(action_id="x", crew_id="c", operation="run", request_hash="h" * 64,
+                    status=Status.COMPLETED, archived_at="2020-01-01T00:00:00.000Z",
+                    uncertain_outcome=False)
+    fresh = Tombstone(action_id="y", crew_id="c", operation="run", request_hash="h" * 64,
+                      status=Status.COMPLETED, archived_at=utc_now(), uncertain_outcome=False)
+    result = j.import_tombstones([old, fresh])
+    assert (result.imported, result.known) == (1, 1)
+    assert j.tombstone("x") is None and j.tombstone("y") is not None
+    j.close()
