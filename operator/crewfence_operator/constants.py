@@ -62,6 +62,7 @@ COND_CLAIMS_RETAINED: Final = "StateClaimsRetained"
 COND_MODEL_CREDENTIALS: Final = "ModelCredentials"
 COND_TOOLS_READY: Final = "ToolsReady"
 COND_STALLED: Final = "Stalled"
+COND_JOURNAL_FULL: Final = "JournalFull"
 
 DEFAULT_IMAGE: Final = "ghcr.io/crewfence/crewfence:0.1.0"
 

@@ -44,6 +44,10 @@ BOUNDS: Final[dict[str, Bound]] = {
                              64 * 1024 * 1024, "encoded size of one event"),
     "max_state_bytes": Bound("CREWFENCE_MAX_STATE_BYTES", "--max-state-bytes", 1024**3,
                              1024 * 1024, 1024**4, "size of the journal file"),
+    "tombstone_retention_seconds": Bound(
+        "CREWFENCE_TOMBSTONE_RETENTION_SECONDS", "--tombstone-retention-seconds", 0, 0,
+        100 * 366 * 24 * 3600, "how long an archived action's tombstone keeps refusing to run "
+        "it again (410/409), from its first archive; 0 = never expires"),
     # Each job runs in its own worker process (crewfence_sidecar.workers).
     "worker_stop_grace_ms": Bound("CREWFENCE_WORKER_STOP_GRACE_MS", "--worker-stop-grace-ms",
                                   2000, 0, 60_000, "on cancel/timeout, SIGTERM to the job's "
@@ -86,6 +90,7 @@ class SidecarConfig:
     max_events_per_run: int = BOUNDS["max_events_per_run"].default
     max_event_bytes: int = BOUNDS["max_event_bytes"].default
     max_state_bytes: int = BOUNDS["max_state_bytes"].default
+    tombstone_retention_seconds: int = BOUNDS["tombstone_retention_seconds"].default
     worker_stop_grace_ms: int = BOUNDS["worker_stop_grace_ms"].default
     worker_memory_mb: int = BOUNDS["worker_memory_mb"].default
     worker_cpu_seconds: int = BOUNDS["worker_cpu_seconds"].default

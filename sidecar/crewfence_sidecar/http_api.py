@@ -504,6 +504,7 @@ async def health(request: web.Request) -> web.StreamResponse:
         "max_retained_runs": s.max_retained_runs,
         "journal_bytes": rt.journal.state_bytes(),
         "max_state_bytes": s.max_state_bytes,
+        "journal_over_bounds": [b.to_wire() for b in rt.journal.over_bounds()],
         "authenticated": s.token is not None,
         **rt.drain_state().to_wire(),
         **_model_credentials(rt),

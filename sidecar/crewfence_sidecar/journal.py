@@ -19,7 +19,7 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Final
 
@@ -146,6 +146,24 @@ class JournalLimits:
     max_events_per_run: int = 10_000
     max_event_bytes: int = 256 * 1024
     max_state_bytes: int = 1024**3
+    tombstone_retention_seconds: int = 0
+    """How long a tombstone answers for its action after it was archived (counted from the
+    first archive, hand-overs included); 0 (the default): it never expires."""
+
+
+@dataclass(frozen=True)
+class BoundExceeded:
+    """A journal bound the journal is at or over: ``held`` (records, bytes, events of its
+    largest run, bytes of its largest event) against ``limit`` (the configured bound)."""
+
+    bound: str
+    """The JournalLimits field: max_retained_runs, max_state_bytes, max_events_per_run,
+    max_event_bytes."""
+    held: int
+    limit: int
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"bound": self.bound, "held": self.held, "limit": self.limit}
 
 
 def utc_now() -> str:
@@ -199,6 +217,8 @@ class Journal:
         self.records: dict[str, JobRecord] = {}
         self._unloaded: set[str] = set()
         self.restore_report = RestoreReport(0, [], 0.0)
+        self._restored_most_events = 0
+        self._restored_biggest_event = 0
         self.draining = self._read_draining()
 
     # --- opening ---------------------------------------------------------------------------
@@ -220,9 +240,6 @@ class Journal:
                 if not create:
                     raise JournalError(f"journal {path} does not exist")
                 create_journal_file(path)
-            elif path.stat().st_size > limits.max_state_bytes:
-                raise JournalError(f"journal {path} is larger than CREWFENCE_MAX_STATE_BYTES "
-                                   f"({path.stat().st_size} > {limits.max_state_bytes})")
         try:
             conn = sqlite3.connect(str(path) if path else ":memory:", isolation_level=None,
                                    check_same_thread=False)
@@ -239,6 +256,10 @@ class Journal:
             raise JournalError(f"journal {path} is not a usable SQLite journal: {exc}") from None
         journal = cls(conn, path, limits, journal_id)
         journal._restore(started)
+        try:
+            journal.expire_tombstones()
+        except PersistError as exc:
+            raise JournalError(f"journal {path}: cannot expire tombstones: {exc}") from None
         return journal
 
     @classmethod
@@ -275,12 +296,7 @@ class Journal:
         return journal_id
 
     def _restore(self, started: float, *, recover: bool = True) -> None:
-        limits = self.limits
         name = self.path or "(memory)"
-        count = self._conn.execute("SELECT count(*) FROM records").fetchone()[0]
-        if count > limits.max_retained_runs:
-            raise JournalError(f"journal {name} holds {count} records, more than "
-                               f"CREWFENCE_MAX_RETAINED_RUNS={limits.max_retained_runs}")
         rows = self._conn.execute(_SELECT_RECORDS).fetchall()
         records: dict[str, JobRecord] = {}
         for row in rows:
@@ -303,18 +319,13 @@ class Journal:
             "max(length(CAST(data AS BLOB)) + length(event)) FROM events GROUP BY action_id"
         ).fetchall()
         seen: set[str] = set()
+        most_events = biggest_event = 0
         for action_id, count, lo, hi, biggest in stats:
             found = records.get(action_id)
             if found is None:
                 raise JournalError(f"journal {name}: events for unknown action {action_id!r}")
-            if count > limits.max_events_per_run:
-                raise JournalError(f"journal {name}: action {action_id!r} has {count} events, "
-                                   f"more than CREWFENCE_MAX_EVENTS_PER_RUN="
-                                   f"{limits.max_events_per_run}")
-            if biggest > limits.max_event_bytes:
-                raise JournalError(f"journal {name}: an event of action {action_id!r} has "
-                                   f"{biggest} bytes, more than CREWFENCE_MAX_EVENT_BYTES="
-                                   f"{limits.max_event_bytes}")
+            most_events = max(most_events, count)
+            biggest_event = max(biggest_event, biggest or 0)
             if lo != 0 or hi != count - 1 or count != found.event_count:
                 raise JournalError(f"journal {name}: events of action {action_id!r} are not "
                                    "contiguous from 0 or disagree with its event_count")
@@ -323,6 +334,7 @@ class Journal:
             if action_id not in seen and record.event_count != 0:
                 raise JournalError(f"journal {name}: action {action_id!r} lost its events")
         self.records = records
+        self._restored_most_events, self._restored_biggest_event = most_events, biggest_event
         self._unloaded = {r.action_id for r in records.values() if r.terminal}
         recovered = [r.action_id for r in records.values() if r.status is Status.RUNNING]
         if recover and recovered:
@@ -376,6 +388,32 @@ class Journal:
         except sqlite3.Error:  # an in-memory journal that was closed: nothing is kept
             return 0
 
+    def over_bounds(self) -> list[BoundExceeded]:
+        """The bounds this journal holds more than (a bound lowered below what it holds).
+
+        Invariant (lowered journal bounds never brick a journal): such a journal opens and
+        serves everything it holds (lookups, exact repeats, archived answers, tombstones,
+        resolutions); only what would grow it past a bound is refused (507 ``journal_full``
+        for a new admission) until retention or archiving brings it back under. Records and
+        bytes are live; events per run and event bytes are as restored (only records of an
+        earlier, larger bound can exceed them, and those are terminal).
+        """
+        limits = self.limits
+        found: list[BoundExceeded] = []
+        held = len(self.records)
+        if held >= limits.max_retained_runs:
+            found.append(BoundExceeded("max_retained_runs", held, limits.max_retained_runs))
+        size = self.state_bytes()
+        if size + ESTIMATED_ROW_OVERHEAD > limits.max_state_bytes:
+            found.append(BoundExceeded("max_state_bytes", size, limits.max_state_bytes))
+        if self._restored_most_events > limits.max_events_per_run:
+            found.append(BoundExceeded("max_events_per_run", self._restored_most_events,
+                                       limits.max_events_per_run))
+        if self._restored_biggest_event > limits.max_event_bytes:
+            found.append(BoundExceeded("max_event_bytes", self._restored_biggest_event,
+                                       limits.max_event_bytes))
+        return found
+
     def _check_room(self, extra: int) -> None:
         # stat() of two files: constant cost, and exact enough for a bound
         if self._file_bytes() + extra + ESTIMATED_ROW_OVERHEAD > self.limits.max_state_bytes:
@@ -420,9 +458,31 @@ class Journal:
             self._unloaded.discard(action_id)
         return record
 
+    def tombstone_cutoff(self) -> str:
+        """Tombstones archived at or before this moment have expired ("" : none expire).
+
+        Invariant (an explicit tombstone retention, default never): a tombstone answers for
+        its action id (410 for the same request, 409 for another) until
+        ``tombstone_retention_seconds`` after it was first archived, and then never again;
+        with 0 it answers for the journal's whole life."""
+        seconds = self.limits.tombstone_retention_seconds
+        if seconds <= 0:
+            return ""
+        return utc_iso(datetime.now(UTC) - timedelta(seconds=seconds))
+
+    def expire_tombstones(self) -> int:
+        """Delete the tombstones past the retention (durably); how many went."""
+        cutoff = self.tombstone_cutoff()
+        if not cutoff:
+            return 0
+        with self._tx() as conn:
+            gone = conn.execute("DELETE FROM tombstones WHERE archived_at <= ?", (cutoff,))
+        return int(gone.rowcount or 0)
+
     def tombstone(self, action_id: str) -> Tombstone | None:
-        row = self._conn.execute("SELECT * FROM tombstones WHERE action_id = ?",
-                                 (action_id,)).fetchone()
+        row = self._conn.execute("SELECT * FROM tombstones WHERE action_id = ? "
+                                 "AND archived_at > ?",
+                                 (action_id, self.tombstone_cutoff())).fetchone()
         if row is None:
             return None
         return Tombstone(action_id=row["action_id"], crew_id=row["crew_id"],
@@ -435,13 +495,14 @@ class Journal:
         return [t for (aid,) in rows.fetchall() if (t := self.tombstone(aid)) is not None]
 
     def tombstone_count(self) -> int:
-        return int(self._conn.execute("SELECT count(*) FROM tombstones").fetchone()[0])
+        return int(self._conn.execute("SELECT count(*) FROM tombstones WHERE archived_at > ?",
+                                      (self.tombstone_cutoff(),)).fetchone()[0])
 
     def tombstone_page(self, after: str, limit: int) -> list[Tombstone]:
         """Tombstones in action-id order, starting after ``after`` (the hand-over export)."""
         rows = self._conn.execute(
-            "SELECT * FROM tombstones WHERE action_id > ? ORDER BY action_id LIMIT ?",
-            (after, limit)).fetchall()
+            "SELECT * FROM tombstones WHERE action_id > ? AND archived_at > ? "
+            "ORDER BY action_id LIMIT ?", (after, self.tombstone_cutoff(), limit)).fetchall()
         return [Tombstone(action_id=r["action_id"], crew_id=r["crew_id"],
                           operation=r["operation"], request_hash=r["request_hash"],
                           status=_STATUS[r["status"]], archived_at=r["archived_at"],
@@ -457,7 +518,7 @@ class Journal:
     # --- writes ----------------------------------------------------------------------------
     def admit(self, record: JobRecord, started_data: dict[str, Any]) -> JobEvent:
         """Insert a running record and its `started` event durably, or raise (nothing kept)."""
-        if record.action_id in self.records:
+        if record.action_id in self.records or self.tombstone(record.action_id) is not None:
             raise ValueError(f"action {record.action_id!r} already exists")
         if len(self.records) >= self.limits.max_retained_runs:
             raise JournalFull("the journal holds CREWFENCE_MAX_RETAINED_RUNS records; archive "
@@ -466,6 +527,8 @@ class Journal:
         self._check_room(len(data) + len(record.action_id) * 2)
         event = JobEvent(event=EventName.STARTED.value, sequence=0, data=started_data)
         with self._tx() as conn:
+            # an expired tombstone of this action id (tombstone() above said none answers)
+            conn.execute("DELETE FROM tombstones WHERE action_id = ?", (record.action_id,))
             conn.execute(
                 "INSERT INTO records VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (record.action_id, record.crew_id, record.operation, record.request_hash,
@@ -608,6 +671,7 @@ class Journal:
         found through the partial index ``records_terminal_by_age``: the cost follows the
         number archived, not the number retained.
         """
+        self.expire_tombstones()
         archived_at = utc_now()
         args: tuple[str, ...] = (cutoff,)
         query = _ARCHIVE_BY_AGE
@@ -646,9 +710,13 @@ class Journal:
         imported: list[Tombstone] = []
         known = 0
         conflicts: list[str] = []
+        cutoff = self.tombstone_cutoff()
         for stone in stones:
             if stone.action_id in self.records:
                 conflicts.append(stone.action_id)
+                continue
+            if cutoff and stone.archived_at <= cutoff:
+                known += 1  # expired where it came from too: nothing to keep
                 continue
             have = self.tombstone(stone.action_id)
             if have is None:
@@ -660,6 +728,9 @@ class Journal:
         if imported:
             with self._tx() as conn:
                 for stone in imported:
+                    # an expired row of this id may still be there (tombstone() ignores it)
+                    conn.execute("DELETE FROM tombstones WHERE action_id = ?",
+                                 (stone.action_id,))
                     conn.execute("INSERT INTO tombstones VALUES (?, ?, ?, ?, ?, ?, ?)",
                                  (stone.action_id, stone.crew_id, stone.operation,
                                   stone.request_hash, stone.status.value,
@@ -719,10 +790,12 @@ class Journal:
         record = self.records[action_id]
         if not record.terminal:
             raise ValueError(f"only terminal records take a {name} event")
-        if record.event_count >= self.limits.max_events_per_run:
-            raise JournalFull(f"CREWFENCE_MAX_EVENTS_PER_RUN reached; no room for the {name}")
-        encoded = self._encode_event(
-            name, data, too_large=f"the {name} is over CREWFENCE_MAX_EVENT_BYTES")
+        # Neither CREWFENCE_MAX_EVENTS_PER_RUN nor CREWFENCE_MAX_STATE_BYTES refuses a
+        # finding: at most two small ones per record exist, and a journal at (or, after a
+        # lowered bound, over) its bound must still take a person's resolution.
+        encoded = dumps(data)
+        if len(encoded.encode("utf-8")) + len(name) > self.limits.max_event_bytes:
+            raise JournalFull(f"the {name} is over CREWFENCE_MAX_EVENT_BYTES")
         seq = record.event_count
         with self._tx() as conn:
             conn.execute("INSERT INTO events VALUES (?, ?, ?, ?)",

@@ -54,7 +54,8 @@ def journal_limits(config: SidecarConfig) -> JournalLimits:
     return JournalLimits(max_retained_runs=config.max_retained_runs,
                          max_events_per_run=config.max_events_per_run,
                          max_event_bytes=config.max_event_bytes,
-                         max_state_bytes=config.max_state_bytes)
+                         max_state_bytes=config.max_state_bytes,
+                         tombstone_retention_seconds=config.tombstone_retention_seconds)
 
 
 @dataclass

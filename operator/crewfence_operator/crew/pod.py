@@ -78,6 +78,7 @@ def sidecar_env(
         "CREWFENCE_MAX_EVENT_BYTES": _first(j.max_event_bytes, d.max_event_bytes),
         "CREWFENCE_MAX_STATE_BYTES": _first(j.max_state_bytes, d.max_state_bytes),
         "CREWFENCE_MAX_CONCURRENCY": _first(j.max_concurrency, d.max_concurrency),
+        "CREWFENCE_TOMBSTONE_RETENTION_SECONDS": j.tombstone_retention_seconds,
         "CREWFENCE_WORKER_MEMORY_MB": spec.worker_limits.memory_mib,
         "CREWFENCE_WORKER_CPU_SECONDS": spec.worker_limits.cpu_seconds,
         "CREWFENCE_WORKER_MAX_JOBS": spec.worker_limits.max_jobs,

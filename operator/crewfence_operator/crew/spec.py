@@ -72,6 +72,9 @@ class JournalBounds:
     tool results, bounded) so a CrewJob can be resumed (``spec.resume``)."""
     retention_seconds: int | None = None
     """``journal.retention``: terminal records older than this are archived on a schedule."""
+    tombstone_retention_seconds: int | None = None
+    """``journal.tombstoneRetention``: how long a tombstone keeps refusing to run its action
+    again; None (the default): never expires."""
 
 
 def parse_duration(text: str) -> int:
@@ -190,7 +193,12 @@ def parse_spec(raw: Mapping[str, Any] | None) -> CrewSpec:
                          else bool(j_raw.get("resumeMaterial"))),
         retention_seconds=(parse_duration(str(j_raw["retention"]))
                            if j_raw.get("retention") else None),
+        tombstone_retention_seconds=(parse_duration(str(j_raw["tombstoneRetention"]))
+                                     if j_raw.get("tombstoneRetention") else None),
     )
+    if journal.tombstone_retention_seconds is not None and \
+            journal.tombstone_retention_seconds < 1:
+        raise SpecError("journal.tombstoneRetention must be at least one second")
     if journal.retention_seconds is not None and journal.retention_seconds < 1:
         raise SpecError("journal.retention must be at least one second")
     knowledge = tuple(

@@ -9,6 +9,7 @@ from enum import StrEnum
 from typing import Any
 
 from crewfence_operator import constants as c
+from crewfence_operator.crew.journal_room import BoundReport, journal_room, reports_from_wire
 from crewfence_operator.crew.model_credentials import CredentialsVerdict
 from crewfence_operator.crew.tool_servers import ToolsVerdict
 
@@ -44,6 +45,8 @@ class Health:
     model_credentials: Mapping[str, Mapping[str, Any]] | None = None
     """Per declarative crew id: ``{model, hosted, credentials: present|missing|not_needed}``;
     None: the sidecar did not say."""
+    over_bounds: tuple[BoundReport, ...] | None = None
+    """``journal_over_bounds``: the journal bounds it is at or over; None: did not say."""
 
     @classmethod
     def from_wire(cls, body: Mapping[str, Any]) -> Health:
@@ -65,6 +68,7 @@ class Health:
             model_credentials=(
                 {str(k): v for k, v in credentials.items() if isinstance(v, Mapping)}
                 if isinstance(credentials, Mapping) else None),
+            over_bounds=reports_from_wire(body.get("journal_over_bounds")),
         )
 
 
@@ -238,7 +242,11 @@ def crew_status(obs: CrewObservation, now: str | None = None) -> dict[str, Any]:
     else:
         stalled = condition(prev, c.COND_STALLED, False, "NotStalled",
                             "nothing needs a person", obs.generation, now)
-    conditions = [ready_cond, shared, retained, stalled]
+    room = journal_room({r.ordinal: r.health.over_bounds for r in obs.replicas
+                         if r.health is not None and r.health.over_bounds})
+    conditions = [ready_cond, shared, retained, stalled,
+                  condition(prev, c.COND_JOURNAL_FULL, room.status, room.reason, room.message,
+                            obs.generation, now)]
     if obs.credentials is not None:
         conditions.append(condition(prev, c.COND_MODEL_CREDENTIALS, obs.credentials.status,
                                     obs.credentials.reason, obs.credentials.message,

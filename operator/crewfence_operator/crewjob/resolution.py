@@ -13,7 +13,13 @@ Invariants kept here (each named where it is decided):
 - *the journal's finding wins*: a resolution is journaled once on the replica that ran the
   job; when a re-applied CrewJob's ``spec.resolution`` disagrees with it, the status mirrors
   the journaled finding and a ``ResolutionConflict`` condition says so (:func:`conflict_patch`);
-  nothing else changes, and nothing is retried.
+  nothing else changes, and nothing is retried;
+- *status shows only a confirmed finding*: for a job with an assigned replica (a journal may
+  hold its record) :func:`decide` says ``CONFIRM``: the journal is asked first and
+  ``status.resolution`` is written only from its answer (:func:`confirmed_patch` or
+  :func:`conflict_patch`); until it answers, only ``Resolved=False/JournalPending`` is shown
+  (:func:`unconfirmed_patch`). A re-applied predecessor therefore never shows, even for a
+  moment, a resolution its journal does not hold.
 """
 
 from __future__ import annotations
@@ -77,6 +83,9 @@ class Step(StrEnum):
     """The job has not finished: nothing to resolve yet (looked at again on its next change)."""
     IGNORE = "Ignore"
     ACCEPT = "Accept"
+    """No replica was assigned (no journal can hold the record): status records it directly."""
+    CONFIRM = "Confirm"
+    """A replica was assigned: journal first, then write status from the journal's answer."""
     REFRESH = "Refresh"
     """Accepted before, but the conditions do not show it (a concurrent write): write again."""
     JOURNAL = "Journal"
@@ -129,8 +138,18 @@ def decide(spec: Mapping[str, Any], status: Mapping[str, Any] | None,
             f"spec.resolution was ignored: the outcome of this job is known (phase {phase}, "
             f"reason {status.get('reason') or 'unknown'}); a resolution applies only to an "
             "uncertain outcome", resolution)
+    if journal_possible(status):
+        # Invariant: status shows only a confirmed finding (module docstring).
+        return Decision(Step.CONFIRM, f"resolving {resolution.outcome.value}: the journal of "
+                                      "record is asked first", resolution)
     return Decision(Step.ACCEPT, f"resolved {resolution.outcome.value} by a person",
                     resolution)
+
+
+def journal_possible(status: Mapping[str, Any]) -> bool:
+    """A replica was assigned to the job, so a journal may hold its record."""
+    assignment = status.get("assignment") or {}
+    return bool(assignment.get("pod") or assignment.get("ordinal") is not None)
 
 
 def resolver(managed_fields: Sequence[Mapping[str, Any]] | None) -> str:
@@ -214,6 +233,36 @@ def accepted_patch(status: Mapping[str, Any], resolution: Resolution, *, resolve
         _cond(status, "Stalled", False, REASON_RESOLVED, message, generation, now),
     ], generation)
     return {"resolution": record, "conditions": conditions, "observedGeneration": generation}
+
+
+REASON_JOURNAL_PENDING: Final = "JournalPending"
+
+
+def confirmed_patch(status: Mapping[str, Any], resolution: Resolution,
+                    journaled: Mapping[str, Any], *, sequence: int, ordinal: object,
+                    successor: Mapping[str, Any] | None, resolved_by: str, generation: int,
+                    now: str) -> dict[str, Any]:
+    """The journal took (or already held) exactly this finding: the accepted patch, with who
+    and when as the journal first recorded them, its sequence, and the journaled successor
+    claim (``status.supersededBy``) when there is one."""
+    patch = accepted_patch(status, resolution, resolved_by=resolved_by, generation=generation,
+                           now=str(journaled.get("recorded_at") or now), journal_possible=True)
+    mirrored = journaled_patch(journaled, sequence=sequence, ordinal=ordinal,
+                               successor=successor)
+    patch["resolution"] = {**patch["resolution"], **mirrored.pop("resolution")}
+    return {**patch, **mirrored}
+
+
+def unconfirmed_patch(status: Mapping[str, Any], resolution: Resolution, why: str, *,
+                      generation: int, now: str) -> dict[str, Any]:
+    """The journal could not be asked yet: ``Resolved=False/JournalPending`` says so, and
+    nothing else (no ``status.resolution``: it is not a finding until the journal holds it)."""
+    message = (f"spec.resolution {resolution.outcome.value} is not journaled yet ({why}); "
+               "it is shown once the journal of record holds it")
+    conditions = _replace_conditions(status, [
+        _cond(status, RESOLVED_CONDITION, False, REASON_JOURNAL_PENDING, message, generation,
+              now)], generation)
+    return {"conditions": conditions}
 
 
 def conflict_shown(status: Mapping[str, Any]) -> bool:

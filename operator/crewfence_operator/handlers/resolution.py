@@ -153,9 +153,12 @@ async def _carry_out(obj: Mapping[str, Any], runtime: Runtime) -> None:
             kopf.warn(as_body(obj), reason=res.REASON_IGNORED, message=decision.message[:1000])
         return
     resolved_by = res.resolver(meta.get("managedFields"))
+    if decision.step is res.Step.CONFIRM:
+        await journal(obj, decision.resolution, resolved_by=resolved_by, runtime=runtime,
+                      confirm=True)
+        return
     if decision.step in (res.Step.ACCEPT, res.Step.REFRESH):
-        journal_possible = bool((status.get("assignment") or {}).get("pod")
-                                or (status.get("assignment") or {}).get("ordinal") is not None)
+        journal_possible = res.journal_possible(status)
         patch = res.accepted_patch(status, decision.resolution, resolved_by=resolved_by,
                                    generation=generation, now=now,
                                    journal_possible=journal_possible)
@@ -175,8 +178,12 @@ async def _carry_out(obj: Mapping[str, Any], runtime: Runtime) -> None:
 
 
 async def journal(obj: Mapping[str, Any], resolution: res.Resolution, *, resolved_by: str,
-                  runtime: Runtime) -> None:
-    """Record the resolution in the assigned replica's journal (idempotent route; retried)."""
+                  runtime: Runtime, confirm: bool = False) -> None:
+    """Record the resolution in the assigned replica's journal (idempotent route; retried).
+
+    ``confirm`` (:attr:`res.Step.CONFIRM`): status does not show the resolution yet; it is
+    written here from the journal's answer only (invariant: status shows only a confirmed
+    finding), and while the journal cannot be asked only ``Resolved=False/JournalPending``."""
     meta, spec, status = obj["metadata"], obj.get("spec") or {}, obj.get("status") or {}
     namespace, name = str(meta["namespace"]), str(meta["name"])
     crew_name = str((spec.get("crewRef") or {}).get("name") or "")
@@ -197,9 +204,12 @@ async def journal(obj: Mapping[str, Any], resolution: res.Resolution, *, resolve
                 metrics.observe_sidecar_failure(exc.category.value)
                 why = str(exc)
                 if exc.http_status in (404, 410):
+                    gone = f"the journal no longer holds the record: {exc.message}"
+                    if confirm:
+                        await _accept_unjournaled(obj, resolution, resolved_by, gone)
+                        return
                     await _patch_status(namespace, name, res.journal_patch(
-                        res.JournalState.NOT_APPLICABLE,
-                        message=f"the journal no longer holds the record: {exc.message}"))
+                        res.JournalState.NOT_APPLICABLE, message=gone))
                     return
             else:
                 event = answer.event
@@ -217,17 +227,53 @@ async def journal(obj: Mapping[str, Any], resolution: res.Resolution, *, resolve
                     log.warning("crewjob %s/%s: spec.resolution disagrees with the journaled "
                                 "one (event %s)", namespace, name, event.sequence)
                     return
-                await _patch_status(namespace, name, res.journaled_patch(
-                    event.data, sequence=event.sequence, ordinal=ordinal,
-                    successor=answer.successor.data if answer.successor else None))
+                successor = answer.successor.data if answer.successor else None
+                if confirm:
+                    if await _patch_status(namespace, name, res.confirmed_patch(
+                            status, resolution, event.data, sequence=event.sequence,
+                            ordinal=ordinal, successor=successor, resolved_by=resolved_by,
+                            generation=int(meta.get("generation") or 1), now=now_iso())):
+                        _resolved(obj, resolution, str(event.data.get("resolved_by")
+                                                       or resolved_by))
+                else:
+                    await _patch_status(namespace, name, res.journaled_patch(
+                        event.data, sequence=event.sequence, ordinal=ordinal,
+                        successor=successor))
                 log.info("crewjob %s/%s: resolution journaled (event %s)", namespace, name,
                          event.sequence)
                 return
         await asyncio.sleep(JOURNAL_BACKOFF_SECONDS * (2 ** attempt))
+    if confirm:
+        if await _patch_status(namespace, name, res.unconfirmed_patch(
+                status, resolution, why, generation=int(meta.get("generation") or 1),
+                now=now_iso())):
+            _retry_later(namespace, name, runtime)
+        return
     if await _patch_status(namespace, name, res.journal_patch(
             res.JournalState.PENDING,
             message=f"not journaled yet ({why}); trying again every {RETRY_SECONDS:.0f}s")):
         _retry_later(namespace, name, runtime)
+
+
+def _resolved(obj: Mapping[str, Any], resolution: res.Resolution, resolved_by: str) -> None:
+    meta = obj["metadata"]
+    metrics.observe_unresolved_uncertain(str(meta["namespace"]), str(meta["name"]), None)
+    kopf.event(as_body(obj), type="Normal", reason=res.REASON_RESOLVED,
+               message=f"Outcome resolved {resolution.outcome.value} by {resolved_by}: "
+                       f"{resolution.note}"[:1000])
+
+
+async def _accept_unjournaled(obj: Mapping[str, Any], resolution: res.Resolution,
+                              resolved_by: str, why: str) -> None:
+    """No journal holds the record any more (404/410): nothing can disagree, so the spec's
+    finding is recorded in status as not journaled, saying why."""
+    meta, status = obj["metadata"], obj.get("status") or {}
+    patch = res.accepted_patch(status, resolution, resolved_by=resolved_by,
+                               generation=int(meta.get("generation") or 1), now=now_iso(),
+                               journal_possible=False)
+    patch["resolution"]["journal"]["message"] = why[:1024]
+    if await _patch_status(str(meta["namespace"]), str(meta["name"]), patch):
+        _resolved(obj, resolution, resolved_by)
 
 
 async def _client(runtime: Runtime, *, crew: tuple[str, str], replica: Replica,

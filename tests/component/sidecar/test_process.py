@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -82,8 +83,12 @@ def test_each_file_rule_violation_refuses_start_up(
     assert "journal" in line
 
 
-def test_restore_bound_violation_refuses_start_up(
+def test_a_journal_over_a_lowered_bound_serves_and_refuses_only_new_admissions(
         tmp_path: Path, crews: Path, state: Path) -> None:
+    """Invariant (Journal.over_bounds): lowered journal bounds never brick a journal. The
+    real executable starts on a journal holding more records than CREWFENCE_MAX_RETAINED_RUNS,
+    says so in /health, answers what it holds (the exact repeat too) and refuses a new action
+    with 507 journal_full."""
     from crewfence_sidecar.contract import JobRecord, Status
     from crewfence_sidecar.journal import Journal, JournalLimits, utc_now
 
@@ -91,10 +96,35 @@ def test_restore_bound_violation_refuses_start_up(
     j = Journal.open(journal, JournalLimits())
     for i in range(3):
         now = utc_now()
-        j.admit(JobRecord(f"a{i}", "research", "run", "h", Status.RUNNING, 0, now, now), {})
+        j.admit(JobRecord(f"ns/a{i}", "research", "run", "h", Status.RUNNING, 0, now, now), {})
     j.close()
-    line = refused_start(tmp_path, sidecar_env(journal, crews, CREWFENCE_MAX_RETAINED_RUNS="2"))
-    assert "CREWFENCE_MAX_RETAINED_RUNS" in line
+    env = sidecar_env(journal, crews, CREWFENCE_MAX_RETAINED_RUNS="2",
+                      CREWAI_STORAGE_DIR=str(tmp_path / "crewai"))
+    proc = SidecarProcess([], env, tmp_path / "over.log").start().wait_listening()
+
+    def call(path: str, body: dict[str, object] | None = None) -> tuple[int, dict[str, object]]:
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(f"{proc.url}{path}", data=data,
+                                     headers={**AUTH, "Idempotency-Key": "k"},
+                                     method="POST" if body is not None else "GET")
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                return resp.status, json.loads(resp.read())
+        except urllib.error.HTTPError as err:
+            return err.code, json.loads(err.read())
+
+    try:
+        _, health = call("/health")
+        assert health["journal_over_bounds"] == [
+            {"bound": "max_retained_runs", "held": 3, "limit": 2}], health
+        status, rec = call(job_path("ns/a1"))
+        assert status == 200 and rec["status"] == "failed" and rec["uncertain_outcome"] is True
+        status, refused = call("/jobs", start_body("ns/new"))
+        assert status == 507 and refused["error"]["code"] == "journal_full", refused  # type: ignore[index]
+        status, _ = call(job_path("ns/new"))
+        assert status == 404
+    finally:
+        assert proc.terminate() == 0
 
 
 @pytest.mark.parametrize("env, fragment", [

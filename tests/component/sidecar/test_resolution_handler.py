@@ -6,6 +6,7 @@ tests/e2e/test_crewjob_resolution.py, runs the same path against the real kube-a
 from __future__ import annotations
 
 import asyncio
+import copy
 from collections.abc import Callable
 from typing import Any
 
@@ -50,8 +51,11 @@ def api(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     """One CrewJob object whose status the handler patches, plus the Events it posts."""
     state: dict[str, Any] = {"events": []}
 
+    state["patches"] = []
+
     async def patch_status(namespace: str, name: str, status: dict[str, Any]) -> bool:
-        merge(state["obj"].setdefault("status", {}), status)
+        state["patches"].append(copy.deepcopy(status))
+        merge(state["obj"].setdefault("status", {}), copy.deepcopy(status))
         return True
 
     def event(_body: Any, *, type: str = "Normal", reason: str, message: str) -> None:
@@ -142,15 +146,57 @@ async def test_unreachable_sidecar_leaves_it_pending_and_a_retry_journals_it(
                    "conditions": []},
     }
     await handler.carry_out(api["obj"], runtime)
-    journal = api["obj"]["status"]["resolution"]["journal"]
-    assert journal["state"] == "Pending"
-    assert "not journaled yet" in journal["message"]
+    assert "resolution" not in api["obj"]["status"]  # not a finding until journaled
+    resolved = next(x for x in api["obj"]["status"]["conditions"] if x["type"] == "Resolved")
+    assert resolved["reason"] == "JournalPending" and "not journaled yet" in resolved["message"]
 
     reachable["address"] = f"{c.server.host}:{c.server.port}"  # the replica is back
     loop = asyncio.get_running_loop()
     deadline = loop.time() + 20
-    while api["obj"]["status"]["resolution"]["journal"]["state"] != "Journaled":
-        assert loop.time() < deadline, api["obj"]["status"]["resolution"]
+    while (api["obj"]["status"].get("resolution") or {}).get("journal", {}).get(
+            "state") != "Journaled":
+        assert loop.time() < deadline, api["obj"]["status"]
         await asyncio.sleep(0.02)
+    assert api["obj"]["status"]["resolution"]["outcome"] == "Happened"
     page = await (await c.get("/jobs/ns%2Flate/events", headers=AUTH)).json()
     assert [e["event"] for e in page["events"]].count("resolution") == 1
+
+
+async def test_a_reapplied_predecessor_never_shows_a_resolution_its_journal_does_not_hold(
+        make_client: Any, api: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
+        runtime: Runtime) -> None:
+    """Invariant (crewjob/resolution.py, status shows only a confirmed finding): the journal
+    holds Happened; a re-created CrewJob of that action says NotHappened. No status write
+    ever carries NotHappened: the first resolution status shows is the journal's, with
+    ResolutionConflict. (Before, status showed the spec's NotHappened until the journal's
+    conflict answer replaced it: the campaign's known gap.)"""
+    c = await _finished_job(make_client, "ns/pred")
+    address = f"{c.server.host}:{c.server.port}"
+    _one_replica_crew(monkeypatch, lambda: address)
+    monkeypatch.setattr(handler, "_get_crewjob_blocking", lambda ns, name: api["obj"])
+
+    def crewjob(uid: str, outcome: str) -> dict[str, Any]:
+        return {
+            "metadata": {"name": "pred", "namespace": "ns", "uid": uid, "generation": 1,
+                         "managedFields": [{"manager": "kubectl-client-side-apply", "time": "t",
+                                            "fieldsV1": {"f:spec": {"f:resolution": {}}}}]},
+            "spec": {"crewRef": {"name": "research"}, "operation": "run",
+                     "resolution": {"outcome": outcome, "note": outcome}},
+            "status": {"phase": "Failed", "reason": "SidecarRestarted", "uncertainOutcome": True,
+                       "observedGeneration": 1, "actionId": "ns/pred",
+                       "assignment": {"ordinal": 0, "pod": "research-0"},
+                       "conditions": [{"type": "OutcomeUncertain", "status": "True",
+                                       "reason": "SidecarRestarted"}]}}
+
+    api["obj"] = crewjob("first", "Happened")
+    await handler.carry_out(api["obj"], runtime)
+    assert api["obj"]["status"]["resolution"]["outcome"] == "Happened"
+
+    api["obj"], api["patches"] = crewjob("again", "NotHappened"), []  # delete + re-apply
+    await handler.carry_out(api["obj"], runtime)
+    shown = [p["resolution"]["outcome"] for p in api["patches"]
+             if (p.get("resolution") or {}).get("outcome")]
+    assert shown and set(shown) == {"Happened"}, api["patches"]
+    conds = {x["type"]: x for x in api["obj"]["status"]["conditions"]}
+    assert conds["ResolutionConflict"]["status"] == "True"
+    assert "NotHappened" in conds["ResolutionConflict"]["message"]

@@ -22,11 +22,11 @@ life"):
   CrewJob, and the operator's gauge of unresolved uncertain CrewJobs matching the objects.
 
 A check that fires only because of a gap known and being worked on carries ``known_gap`` (the
-e2e test reports it without failing; remove the classification once the gap is closed). The
-resolution and the one-successor claim are journal facts now (the successor gate reads only
-the journal), but a re-applied predecessor's status shows its spec's resolution for a moment
-before the journal's answer replaces it (``ResolutionConflict``): a sample taken in that
-moment looks like a second resolution (``KNOWN_GAP_RESOLUTION_FACTS``).
+e2e test reports it without failing; remove the classification once the gap is closed). None
+is classified so today: the resolution and the one-successor claim are journal facts (the
+successor gate reads only the journal), and a re-applied predecessor's status shows only the
+journal's finding (``crewjob/resolution.py``: status shows only a confirmed finding), so two
+resolutions of one action, or two successors of a re-created predecessor, are hard anomalies.
 """
 
 from __future__ import annotations
@@ -37,8 +37,6 @@ from dataclasses import dataclass
 from campaign.history import History, JobSample
 
 RESOLVED_FOR_SUCCESSOR = frozenset({"NotHappened", "Compensated"})
-KNOWN_GAP_RESOLUTION_FACTS = ("a re-created CrewJob's status shows its spec's resolution until "
-                              "the journal's finding replaces it")
 UNCERTAIN_CONDITION = "OutcomeUncertain"
 
 
@@ -106,8 +104,8 @@ def at_most_once(history: History) -> list[Anomaly]:
 def one_successor(history: History) -> list[Anomaly]:
     recreated = {n for n, uids in _incarnations(history).items() if len(uids) > 1}
     return [Anomaly("one_successor", pred, f"{len(names)} successors admitted: "
-                    f"{', '.join(sorted(names))}",
-                    KNOWN_GAP_RESOLUTION_FACTS if pred in recreated else "")
+                    f"{', '.join(sorted(names))}"
+                    + (" (the predecessor was re-created)" if pred in recreated else ""))
             for pred, names in sorted(_successors(history).items()) if len(names) > 1]
 
 
@@ -118,8 +116,7 @@ def resolution_consistent(history: History) -> list[Anomaly]:
             found[sample.action_id or sample.name].setdefault(sample.uid, sample.resolution)
     return [Anomaly("resolution_consistent", action,
                     "resolved differently by its CrewJob objects: "
-                    + ", ".join(f"{uid[:8]}={res}" for uid, res in by_uid.items()),
-                    KNOWN_GAP_RESOLUTION_FACTS)
+                    + ", ".join(f"{uid[:8]}={res}" for uid, res in by_uid.items()))
             for action, by_uid in sorted(found.items()) if len(set(by_uid.values())) > 1]
 
 

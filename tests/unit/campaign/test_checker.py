@@ -107,7 +107,7 @@ def test_a_refused_successor_is_no_successor() -> None:
     assert checker.check(h) == []
 
 
-def test_two_successors_of_a_recreated_predecessor_are_a_known_gap() -> None:
+def test_two_successors_of_a_recreated_predecessor_are_an_anomaly() -> None:
     h = clean()
     h.tokens["j2-alt"] = "tok-j2-alt"
     h.jobs.append(job("j2", 5.0, uid="uid-j2-again", phase="Failed", reason="SidecarRestarted",
@@ -115,18 +115,18 @@ def test_two_successors_of_a_recreated_predecessor_are_a_known_gap() -> None:
     h.jobs.append(job("j2-alt", 6.0, supersedes="j2", linked="j2"))
     h.ledger.append("Research tok-j2-alt campaign and list the key facts.")
     found = checker.check(h)
-    assert [a.check for a in found] == ["one_successor"] and found[0].known_gap
-    assert checker.hard(found) == []
+    assert [a.check for a in found] == ["one_successor"]
+    assert checker.hard(found) == found and "re-created" in found[0].detail
 
 
-def test_contradicting_resolutions_of_one_action_are_caught_as_a_known_gap() -> None:
+def test_contradicting_resolutions_of_one_action_are_an_anomaly() -> None:
     h = clean()
     h.jobs.append(job("j2", 5.0, uid="uid-j2-again", phase="Failed", uncertain=True,
                       resolution="Happened"))
     found = checker.check(h)
     assert [a.check for a in found] == ["resolution_consistent"]
     assert "Happened" in found[0].detail and "NotHappened" in found[0].detail
-    assert found[0].known_gap and checker.hard(found) == []
+    assert checker.hard(found) == found
 
 
 def test_the_same_resolution_seen_again_is_consistent() -> None:

@@ -78,11 +78,13 @@ def test_spec_defaults_enums_and_bounds(crew_crd: dict[str, Any]) -> None:
     journal = spec["journal"]["properties"]
     assert set(journal) == {"maxRetainedRuns", "maxEventsPerRun", "maxEventBytes",
                             "maxStateBytes", "maxConcurrency", "retention",
-                            "resumeMaterial"}
+                            "resumeMaterial", "tombstoneRetention"}
     assert all("minimum" in j and "maximum" in j for k, j in journal.items()
-               if k not in ("retention", "resumeMaterial"))
+               if k not in ("retention", "resumeMaterial", "tombstoneRetention"))
     assert journal["resumeMaterial"]["type"] == "boolean"
     assert journal["retention"]["pattern"] == "^([0-9]+(d|h|m|s))+$"
+    assert journal["tombstoneRetention"]["pattern"] == "^([0-9]+(d|h|m|s))+$"
+    assert "never expires" in journal["tombstoneRetention"]["description"]
     when_scaled = spec["storage"]["properties"]["whenScaled"]
     assert (when_scaled["default"], when_scaled["enum"]) == ("Retain", ["Retain", "Delete"])
     state = _schema(crew_crd)["properties"]["status"]["properties"]["replicas"]["items"][

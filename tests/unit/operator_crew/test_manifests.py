@@ -87,6 +87,16 @@ def test_pod_env(crew_ref: CrewRef, example_crew: dict[str, Any]) -> None:
     assert env["CREWAI_STORAGE_DIR"].startswith(c.SCRATCH_MOUNT)
 
 
+def test_tombstone_retention_reaches_the_sidecar_only_when_set(crew_ref: CrewRef) -> None:
+    """Default: no CREWFENCE_TOMBSTONE_RETENTION_SECONDS, so tombstones never expire."""
+    base = {"entrypoint": "m:a"}
+    assert "CREWFENCE_TOMBSTONE_RETENTION_SECONDS" not in _env(
+        replica_pod(crew_ref, parse_spec(base), 0, PodSettings()))
+    spec = parse_spec({**base, "journal": {"tombstoneRetention": "365d"}})
+    env = _env(replica_pod(crew_ref, spec, 0, PodSettings()))
+    assert env["CREWFENCE_TOMBSTONE_RETENTION_SECONDS"] == str(365 * 86400)
+
+
 def test_operator_wide_journal_defaults(crew_ref: CrewRef, example_crew: dict[str, Any]) -> None:
     defaults = JournalBounds(max_retained_runs=50, max_event_bytes=4096)
     minimal = parse_spec({"entrypoint": "m:a"})

@@ -120,3 +120,34 @@ def test_error_is_reported() -> None:
     obs = CrewObservation(generation=1, desired_replicas=1, replicas=[], retained_claims=[],
                           previous_conditions=[], error='claim "x" does not exist')
     assert _cond(crew_status(obs), "Ready")["message"] == 'claim "x" does not exist'
+
+
+def test_a_journal_over_a_lowered_bound_is_named_in_the_journal_full_condition() -> None:
+    """Invariant (crew/journal_room.py): a replica whose journal holds more than a (lowered)
+    bound stays ready and the Crew names the field that set the bound."""
+    full = Health.from_wire({"status": "ready", "journal_id": "j", "retained_runs": 5,
+                             "active_runs": 0, "journal_over_bounds": [
+                                 {"bound": "max_retained_runs", "held": 5, "limit": 2}]})
+    status = crew_status(_obs([ReplicaObservation(0, "r-0", "r-state-0", READY_POD, full),
+                               ReplicaObservation(1, "r-1", "r-state-1", READY_POD, HEALTH)],
+                              desired=2), now="T1")
+    cond = _cond(status, "JournalFull")
+    assert cond["status"] == "True" and cond["reason"] == "JournalFull"
+    assert "replica 0 holds 5, spec.journal.maxRetainedRuns is 2" in cond["message"]
+    assert "replica 1" not in cond["message"]
+    assert status["readyReplicas"] == 2 and _cond(status, "Ready")["status"] == "True"
+
+
+def test_an_old_record_over_the_events_bound_does_not_refuse_new_jobs() -> None:
+    over = Health.from_wire({"status": "ready", "journal_id": "j", "retained_runs": 1,
+                             "active_runs": 0, "journal_over_bounds": [
+                                 {"bound": "max_events_per_run", "held": 9, "limit": 4}]})
+    cond = _cond(crew_status(_obs([ReplicaObservation(0, "r-0", "c", READY_POD, over)])),
+                 "JournalFull")
+    assert cond["reason"] == "OverBound" and "spec.journal.maxEventsPerRun is 4" in cond["message"]
+
+
+def test_journals_with_room_say_so() -> None:
+    cond = _cond(crew_status(_obs([ReplicaObservation(0, "r-0", "c", READY_POD, HEALTH)])),
+                 "JournalFull")
+    assert cond["status"] == "False" and cond["reason"] == "Room"

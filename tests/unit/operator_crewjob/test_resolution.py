@@ -36,7 +36,7 @@ def conditions(patch: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def test_resolution_on_an_uncertain_job_is_accepted_without_rewriting_history() -> None:
     status = uncertain_status()
     decision = res.decide({"resolution": RESOLUTION}, status, generation=2)
-    assert decision.step is res.Step.ACCEPT
+    assert decision.step is res.Step.CONFIRM  # an assigned replica: the journal first
     assert decision.resolution is not None
     patch = res.accepted_patch(status, decision.resolution, resolved_by="kubectl-patch",
                                generation=2, now=NOW, journal_possible=True)

@@ -130,6 +130,41 @@ def test_a_disagreeing_spec_shows_the_conflict_and_the_journals_finding() -> Non
     assert {c["type"]: c for c in refresh["conditions"]}["Resolved"]["reason"] == "Happened"
 
 
+def test_a_reapplied_predecessor_shows_no_resolution_before_the_journal_answers() -> None:
+    """Invariant (crewjob/resolution.py, status shows only a confirmed finding): a CrewJob
+    with an assigned replica (a re-applied predecessor looks exactly like this) is resolved
+    journal-first; until the journal answers, no patch carries ``status.resolution``; its
+    answer (the same finding, or a disagreeing one) is what status shows."""
+    spec = {"resolution": {"outcome": "NotHappened", "note": "honest"}}
+    status = uncertain_status(assignment={"ordinal": 0, "pod": "research-0"})
+    decision = res.decide(spec, status, 2)
+    assert decision.step is res.Step.CONFIRM and decision.resolution is not None
+    waiting = res.unconfirmed_patch(status, decision.resolution, "replica 0 unreachable",
+                                    generation=2, now=NOW)
+    assert "resolution" not in waiting
+    conds = {c["type"]: c for c in waiting["conditions"]}
+    assert (conds["Resolved"]["status"], conds["Resolved"]["reason"]) == \
+        ("False", "JournalPending")
+    assert conds["OutcomeUncertain"]["status"] == "True"  # still unresolved, visibly
+    # level-triggered: still a step to take (the retry timer runs it again)
+    assert res.decide(spec, {**status, **waiting}, 2).step is res.Step.CONFIRM
+    assert has_a_step(spec, {**status, **waiting}, {"generation": 2})
+
+    same = res.confirmed_patch(status, decision.resolution,
+                               {**JOURNALED, "outcome": "NotHappened", "note": "honest"},
+                               sequence=4, ordinal=0, successor={"successor_action_id": "ns/n"},
+                               resolved_by="kubectl-client-side-apply", generation=2, now=NOW)
+    assert same["resolution"]["outcome"] == "NotHappened"
+    assert same["resolution"]["resolvedBy"] == "kubectl-patch"  # the journal's first writer
+    assert same["resolution"]["resolvedAt"] == JOURNALED["recorded_at"]
+    assert same["resolution"]["journal"]["state"] == "Journaled"
+    assert same["supersededBy"] == {"actionId": "ns/n"}
+    assert res.decide(spec, {**status, **same}, 2).step is res.Step.NOTHING
+
+    # no assignment: no journal can hold the record, status records it directly
+    assert res.decide(spec, uncertain_status(), 2).step is res.Step.ACCEPT
+
+
 def test_an_exact_repeat_mirrors_the_first_writer_and_the_claim() -> None:
     patch = res.journaled_patch(JOURNALED, sequence=3, ordinal=0,
                                 successor={"successor_action_id": "ns/next"})

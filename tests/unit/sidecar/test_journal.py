@@ -120,31 +120,74 @@ def test_oversized_terminal_event_keeps_output_on_the_record(jpath: Path) -> Non
     j.close()
 
 
-@pytest.mark.parametrize("limit, message", [
-    ({"max_retained_runs": 1}, "records"),
-    ({"max_events_per_run": 4}, "events"),
-    ({"max_event_bytes": 1024}, "bytes"),
-])
-def test_restore_checks_bounds(jpath: Path, limit: dict[str, int], message: str) -> None:
+def _two_finished_runs(jpath: Path) -> None:
     j = _open(jpath)
     for name in ("a", "b"):
         j.admit(_record(name), {"pad": "z" * 2000})
         for _ in range(4):
             j.append_event(name, "chunk", {})
-        j.finish(name, Status.COMPLETED, output=None, error=None, uncertain=False,
+        j.finish(name, Status.FAILED, output=None, error=None, uncertain=True,
                  event_data={})
+    j.archive("b")
     j.close()
-    with pytest.raises(JournalError, match=message):
-        _open(jpath, **limit)
 
 
-def test_restore_checks_state_bytes(jpath: Path) -> None:
+@pytest.mark.parametrize("limit, bound", [
+    ({"max_retained_runs": 1}, "max_retained_runs"),
+    ({"max_events_per_run": 4}, "max_events_per_run"),
+    ({"max_event_bytes": 1024}, "max_event_bytes"),
+    ({"max_state_bytes": 1024}, "max_state_bytes"),
+])
+def test_lowered_bounds_never_brick_a_journal(jpath: Path, limit: dict[str, int],
+                                              bound: str) -> None:
+    """Invariant (Journal.over_bounds): a journal holding more than a lowered bound opens,
+    serves what it holds (record, events, tombstone, a resolution) and names the bound."""
+    _two_finished_runs(jpath)
+    j = _open(jpath, **limit)
+    assert bound in [b.bound for b in j.over_bounds()], j.over_bounds()
+    rec = j.get("a")
+    assert rec is not None and rec.status is Status.FAILED
+    assert [e.event for e in j.events("a")][-1] == "failed"
+    assert j.tombstone("b") is not None
+    j.append_resolution("a", {"resolution": "NotHappened"})
+    assert j.resolution("a") is not None
+    j.close()
+
+
+@pytest.mark.parametrize("limit", [{"max_retained_runs": 1}, {"max_state_bytes": 1024}])
+def test_over_a_lowered_bound_only_new_admissions_are_refused(
+        jpath: Path, limit: dict[str, int]) -> None:
+    _two_finished_runs(jpath)
+    j = _open(jpath, **limit)
+    with pytest.raises(JournalFull):
+        j.admit(_record("c"), {})
+    assert j.get("c") is None
+    j.archive("a")
+    if "max_retained_runs" in limit:  # back under its bound: admissions again
+        assert j.over_bounds() == []
+        j.admit(_record("c"), {})
+    j.close()
+
+
+def test_a_journal_within_its_bounds_reports_none(jpath: Path) -> None:
+    _two_finished_runs(jpath)
+    j = _open(jpath)
+    assert j.over_bounds() == []
+    j.close()
+
+
+def test_a_journal_over_its_byte_bound_opens_and_recovers(jpath: Path) -> None:
     j = _open(jpath)
     for i in range(300):
         j.admit(_record(f"a{i}"), {"pad": "z" * 4000})
     j.close()
-    with pytest.raises(JournalError, match="MAX_STATE_BYTES"):
-        _open(jpath, max_state_bytes=1024 * 1024)
+    j = _open(jpath, max_state_bytes=1024 * 1024)  # 300 running records, over the bound
+    assert [b.bound for b in j.over_bounds()] == ["max_state_bytes"]
+    rec = j.get("a0")  # restored running records are still recovered (failed, uncertain)
+    assert rec is not None and rec.status is Status.FAILED and rec.uncertain_outcome
+    with pytest.raises(JournalFull):
+        j.admit(_record("new"), {})
+    j.close()
 
 
 def test_restore_detects_tampered_event_sequences(jpath: Path) -> None:
@@ -197,3 +240,70 @@ def test_fenced_open_then_restore(jpath: Path) -> None:
     j = _open(jpath)
     j.close()
     lock.release()
+
+
+def _archived(jpath: Path, action_id: str, **limits: int) -> Journal:
+    j = _open(jpath, **limits)
+    j.admit(_record(action_id), {})
+    j.finish(action_id, Status.COMPLETED, output=None, error=None, uncertain=False,
+             event_data={})
+    j.archive(action_id)
+    return j
+
+
+def _age_tombstones(jpath: Path, seconds: int) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from crewfence_sidecar.journal import utc_iso
+    conn = sqlite3.connect(jpath)
+    conn.execute("UPDATE tombstones SET archived_at = ?",
+                 (utc_iso(datetime.now(UTC) - timedelta(seconds=seconds)),))
+    conn.commit()
+    conn.close()
+
+
+def test_tombstones_never_expire_by_default(jpath: Path) -> None:
+    _archived(jpath, "a").close()
+    _age_tombstones(jpath, 100 * 365 * 24 * 3600)
+    j = _open(jpath)
+    assert j.tombstone("a") is not None and j.tombstone_count() == 1
+    with pytest.raises(ValueError):
+        j.admit(_record("a"), {})
+    j.close()
+
+
+def test_a_tombstone_answers_until_its_retention_then_never_again(jpath: Path) -> None:
+    """Invariant (Journal.tombstone_cutoff): an explicit tombstone retention ends a
+    tombstone; before it, the tombstone answers (and the action cannot be admitted)."""
+    j = _archived(jpath, "a", tombstone_retention_seconds=3600)
+    assert j.tombstone("a") is not None
+    with pytest.raises(ValueError):
+        j.admit(_record("a"), {})
+    j.close()
+    _age_tombstones(jpath, 3601)
+    conn = sqlite3.connect(jpath)  # the row is still there until the journal opens
+    assert conn.execute("SELECT count(*) FROM tombstones").fetchone()[0] == 1
+    conn.close()
+    j = _open(jpath, tombstone_retention_seconds=3600)
+    assert j.tombstone("a") is None and j.tombstone_count() == 0
+    assert j.tombstone_page("", 10) == []
+    j.admit(_record("a"), {})  # the action id is new again
+    j.close()
+    j = _open(jpath, tombstone_retention_seconds=3600)  # restores (no record+tombstone pair)
+    assert j.get("a") is not None
+    j.close()
+
+
+def test_an_expired_tombstone_is_not_imported(jpath: Path) -> None:
+    from crewfence_sidecar.contract import Tombstone
+
+    j = _open(jpath, tombstone_retention_seconds=60)
+    old = Tombstone(action_id="x", crew_id="c", operation="run", request_hash="h" * 64,
+                    status=Status.COMPLETED, archived_at="2020-01-01T00:00:00.000Z",
+                    uncertain_outcome=False)
+    fresh = Tombstone(action_id="y", crew_id="c", operation="run", request_hash="h" * 64,
+                      status=Status.COMPLETED, archived_at=utc_now(), uncertain_outcome=False)
+    result = j.import_tombstones([old, fresh])
+    assert (result.imported, result.known) == (1, 1)
+    assert j.tombstone("x") is None and j.tombstone("y") is not None
+    j.close()
