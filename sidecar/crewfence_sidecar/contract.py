@@ -10,11 +10,11 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Final
+from typing import Any, Final, Protocol
 from urllib.parse import quote
 
 import rfc8785
@@ -92,6 +92,18 @@ EFFECT_EVENTS: Final = frozenset({EventName.TASK_STARTED, EventName.TASK_COMPLET
                                   EventName.TOOL_CALL_REUSED, EventName.BATCH_ITEM_COMPLETED,
                                   EventName.BATCH_ITEM_REUSED})
 """Events a job's ledger appends between ``started`` and its terminal event."""
+
+
+class EffectSink(Protocol):
+    """Where a job's effect-ledger events go: ``sink(event, data, durable, preceding)``.
+
+    ``preceding`` are events that happened just before ``event`` and are journaled with it,
+    in order, in the same commit (a tool call's start carries the model call that ended at
+    it). With ``durable`` it returns True only once all of them are committed durably (False
+    when they could not be: nothing of the batch is kept); callable from any thread."""
+
+    def __call__(self, event: str, data: dict[str, Any], durable: bool,
+                 preceding: Sequence[tuple[str, dict[str, Any]]] = ()) -> bool: ...
 
 TERMINAL_EVENTS: Final = frozenset({EventName.COMPLETED, EventName.FAILED, EventName.CANCELLED})
 TERMINAL_EVENT_FOR_STATUS: Final = {

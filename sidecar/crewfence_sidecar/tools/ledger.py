@@ -20,6 +20,12 @@ Invariants:
   persist failure, channel gone), the hook aborts the call (``HookAborted``: crewai does not
   run the tool), the ledger is ``refused``, every later model or tool call of the job is
   aborted too, and the job fails certain (:class:`EffectNotJournaled`).
+- One commit per tool call start: the ``model_call`` that ended at the call's start (the
+  model chose the tool) is handed to the sink as the start's ``preceding`` and journaled in
+  the same durable transaction, never in one of its own on the path the tool waits for.
+  ``tool_call_finished`` (like task and model events) is committed unsynced; it becomes
+  durable with the next synced commit. A crash that loses it leaves the call *in doubt*:
+  conservative, never a false "finished".
 - The call's idempotency key (``contract.tool_idempotency_key``) is bound in
   ``tool_context`` while the tool runs, from the same numbers the event carries.
 - A tool that raises is a finished call with ``error`` set (class name), never a call in
@@ -48,7 +54,7 @@ import functools
 import hashlib
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -56,6 +62,7 @@ from typing import Any
 from crewfence_sidecar.contract import (
     MAX_EFFECT_ERROR_CHARS,
     MAX_EFFECT_PREVIEW_CHARS,
+    EffectSink,
     EventName,
     arguments_sha256,
     tool_idempotency_key,
@@ -63,9 +70,8 @@ from crewfence_sidecar.contract import (
 from crewfence_sidecar.resume import MAX_RESUME_MATERIAL_CHARS, ToolAction, ToolReplay
 from crewfence_sidecar.tool_context import reset_idempotency_key, set_idempotency_key
 
-EffectSink = Callable[[str, dict[str, Any], bool], bool]
-"""``sink(event, data, durable) -> journaled``. ``durable=True`` must return only once the
-event is committed durably (False when it could not be); callable from any thread."""
+__all__ = ["EffectNotJournaled", "EffectSink", "JobLedger", "bound", "current", "install"]
+Effect = tuple[str, dict[str, Any]]
 
 
 class EffectNotJournaled(RuntimeError):
@@ -195,15 +201,25 @@ class JobLedger:
     _models: dict[int, _ModelCall] = field(default_factory=dict)
     _tools: threading.local = field(default_factory=threading.local)
 
-    def _send(self, event: EventName, data: dict[str, Any], durable: bool = False) -> bool:
+    def _send(self, event: EventName, data: dict[str, Any], durable: bool = False,
+              preceding: Sequence[Effect] = ()) -> bool:
         data["at"] = utc_at()
         try:
-            ok = self.sink(event.value, data, durable)
+            ok = self.sink(event.value, data, durable, preceding)
         except Exception:  # a sink that broke is a sink that did not journal
             ok = False
-        if not ok and not durable:
-            self.dropped += 1
+        if not ok:
+            self.dropped += len(preceding) + (0 if durable else 1)
         return ok
+
+    def _send_held(self, held: list[Effect]) -> None:
+        """Journal events held for a durable one that is not sent after all (best effort)."""
+        for name, data in held:
+            try:
+                ok = self.sink(name, data, False)
+            except Exception:
+                ok = False
+            self.dropped += 0 if ok else 1
 
     # --- tasks ------------------------------------------------------------------------------
     def task_started(self, task: Any, agent: Any) -> None:
@@ -247,25 +263,33 @@ class JobLedger:
                 started=time.perf_counter(), model=str(getattr(llm, "model", None) or ""),
                 task=name, llm=llm, tokens=_tokens(llm))
 
-    def _end_models(self, task: Any) -> None:
+    def _end_models(self, task: Any, hold: list[Effect] | None = None) -> None:
+        """End the task's open model call; with ``hold``, its event is put there to be
+        journaled with the tool call's start (one commit) instead of being sent now."""
         with self._lock:
             call = self._models.pop(id(task), None)
             if call is None:
                 return
             index = self._model_index
             self._model_index += 1
-        self._emit_model(call, index)
+        self._emit_model(call, index, hold)
 
-    def _emit_model(self, call: _ModelCall, index: int) -> None:
+    def _emit_model(self, call: _ModelCall, index: int,
+                    hold: list[Effect] | None = None) -> None:
         after = _tokens(call.llm)
         prompt = (after[0] - call.tokens[0]
                   if after[0] is not None and call.tokens[0] is not None else None)
         completion = (after[1] - call.tokens[1]
                       if after[1] is not None and call.tokens[1] is not None else None)
-        self._send(EventName.MODEL_CALL, {
+        data: dict[str, Any] = {
             "model": call.model, "call_index": index, "task": call.task,
             "prompt_tokens": prompt, "completion_tokens": completion,
-            "duration_ms": round((time.perf_counter() - call.started) * 1000, 3)})
+            "duration_ms": round((time.perf_counter() - call.started) * 1000, 3)}
+        if hold is None:
+            self._send(EventName.MODEL_CALL, data)
+        else:
+            data["at"] = utc_at()
+            hold.append((EventName.MODEL_CALL.value, data))
 
     def model_finished(self, ctx: Any) -> None:
         self._end_models(getattr(ctx, "task", None))
@@ -291,7 +315,8 @@ class JobLedger:
         from crewai.hooks.dispatch import HookAborted
 
         task = getattr(ctx, "task", None)
-        self._end_models(task)
+        held: list[Effect] = []  # the model call that chose this tool: one commit with it
+        self._end_models(task, hold=held)
         tool, server = _tool_identity(ctx)
         name, task_index, _ = _task_place(task, getattr(ctx, "crew", None))
         with self._lock:
@@ -302,6 +327,7 @@ class JobLedger:
                     if self.replay is not None and not self.refused else None)
         if decision is not None and decision.key is not None and decision.action in (
                 ToolAction.REPLAY, ToolAction.ALREADY_MADE):
+            self._send_held(held)
             self._reuse_call(tool, server, name, task_index, call_index, args_sha,
                              decision.key, decision.action, decision.result or "")
             raise HookAborted("crewfence: answered from the journal (resume)",
@@ -318,7 +344,10 @@ class JobLedger:
             "call_index": call_index, "arguments_sha256": args_sha, "idempotency_key": key}
         if decision is not None:
             started["resume"] = decision.action.value
-        if self.refused or not self._send(EventName.TOOL_CALL_STARTED, started, durable=True):
+        if self.refused:
+            self._send_held(held)
+        if self.refused or not self._send(EventName.TOOL_CALL_STARTED, started, durable=True,
+                                          preceding=held):
             self.refused = True
             call.refused = True
             self._stack().append(call)
