@@ -8,6 +8,7 @@ Installed once per process (:func:`install`); a job binds its :class:`JobLedger`
 | ``pre_step`` (kind task)              | ``task_started``                             |
 | ``post_step`` (kind task)             | ``task_completed``                           |
 | ``pre_model_call`` .. its end         | ``model_call`` (end: ``post_model_call``, the |
+|                                       | (``request_id``: the provider's response id) |
 |                                       | task's next tool call or model call, the end |
 |                                       | of its task or of the job)                   |
 | ``pre_tool_call``                     | ``tool_call_started`` (durable, acknowledged) |
@@ -89,6 +90,30 @@ def _sha256_text(text: str) -> str:
 
 def _bounded(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit]
+
+
+_response_ids: dict[int, str] = {}
+"""The provider's id of each LLM instance's last response (``id(llm)`` -> id), noted by
+crewai's ``_emit_call_completed_event`` in the thread of the call, before it returns."""
+_response_lock = threading.Lock()
+
+
+def _note_response_id(emit: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(emit)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        response_id = kwargs.get("response_id")
+        if isinstance(response_id, str) and response_id:
+            with _response_lock:
+                _response_ids[id(self)] = response_id[:MAX_EFFECT_ERROR_CHARS]
+        return emit(self, *args, **kwargs)
+
+    wrapper.__crewfence_wrapped__ = True  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _take_response_id(llm: Any) -> str | None:
+    with _response_lock:
+        return _response_ids.pop(id(llm), None) if llm is not None else None
 
 
 @dataclass
@@ -258,6 +283,7 @@ class JobLedger:
         self._end_models(task)
         llm = getattr(ctx, "llm", None)
         name, _, _ = _task_place(task, getattr(ctx, "crew", None))
+        _take_response_id(llm)  # an id noted before this call is not this call's
         with self._lock:
             self._models[id(task)] = _ModelCall(
                 started=time.perf_counter(), model=str(getattr(llm, "model", None) or ""),
@@ -284,6 +310,7 @@ class JobLedger:
         data: dict[str, Any] = {
             "model": call.model, "call_index": index, "task": call.task,
             "prompt_tokens": prompt, "completion_tokens": completion,
+            "request_id": _take_response_id(call.llm),
             "duration_ms": round((time.perf_counter() - call.started) * 1000, 3)}
         if hold is None:
             self._send(EventName.MODEL_CALL, data)
@@ -492,7 +519,8 @@ _install_lock = threading.Lock()
 
 def install() -> None:
     """Register the hooks with crewai (once per process; a forked worker inherits them), note
-    the class of exceptions tools raise (``BaseTool.run``/``Tool.run``) and send the call's
+    the class of exceptions tools raise (``BaseTool.run``/``Tool.run``) and the provider's
+    response id of model calls (``BaseLLM._emit_call_completed_event``), and send the call's
     key in every MCP ``tools/call`` ``_meta`` (``mcp_tools.install_idempotency_meta``)."""
     global _installed
     with _install_lock:
@@ -511,6 +539,11 @@ def install() -> None:
         for cls in (BaseTool, Tool):
             if not getattr(cls.run, "__crewfence_wrapped__", False):
                 cls.run = _note_errors(cls.run)  # type: ignore[method-assign]
+        from crewai.llms.base_llm import BaseLLM
+
+        emit = BaseLLM._emit_call_completed_event
+        if not getattr(emit, "__crewfence_wrapped__", False):
+            BaseLLM._emit_call_completed_event = _note_response_id(emit)  # type: ignore[method-assign]
         from crewfence_sidecar.tools.mcp_tools import install_idempotency_meta
 
         install_idempotency_meta()
