@@ -94,6 +94,19 @@ EFFECT_EVENTS: Final = frozenset({EventName.TASK_STARTED, EventName.TASK_COMPLET
 """Events a job's ledger appends between ``started`` and its terminal event."""
 
 
+TOOL_UNAVAILABLE: Final = "tool_unavailable"
+"""Error code of a job whose crew's tools could not be built (nothing ran)."""
+MAX_TOOL_SETUP_MESSAGE_CHARS: Final = 500
+
+
+class ToolSetupError(ValueError):
+    """A crew's tools could not be built before its job ran anything: an MCP server that does
+    not answer ``tools/list`` or does not offer a tool an agent names, a Python ``ref`` that
+    does not import. Its message names only parts of the crew definition (server, tool,
+    ref, file names; never header values or job inputs), so, unlike other exceptions of a
+    job, it is journaled (``error.code`` :data:`TOOL_UNAVAILABLE`)."""
+
+
 class EffectSink(Protocol):
     """Where a job's effect-ledger events go: ``sink(event, data, durable, preceding)``.
 

@@ -22,9 +22,11 @@ from typing import Any, Protocol, cast
 
 from crewfence_sidecar.contract import (
     EFFECT_EVENTS,
+    MAX_TOOL_SETUP_MESSAGE_CHARS,
     OPERATION_TRAITS,
     RESUMABLE_OPERATIONS,
     SUCCESSOR_ALLOWING,
+    TOOL_UNAVAILABLE,
     UNRECORDED_GRACE_SECONDS,
     ContractError,
     DrainState,
@@ -39,6 +41,7 @@ from crewfence_sidecar.contract import (
     SuccessorRequest,
     Tombstone,
     TombstoneImportResult,
+    ToolSetupError,
     check_template_inputs,
     finding_of,
     request_hash,
@@ -415,12 +418,15 @@ class Runtime:
             log.warning("job worker died: %s", died.exit.describe(),
                         extra={"action_id": action_id, "crew_id": record.crew_id})
         except Exception as exc:
-            # The exception class only: messages can carry inputs or provider details.
+            # The exception class only: messages can carry inputs or provider details; a
+            # crew whose tools cannot be built says which (ToolSetupError: nothing ran).
             name = str(getattr(exc, "exception_name", type(exc).__name__))
-            self._finish(action_id, Status.FAILED, None,
-                         {"code": "execution_error", "exception": name,
-                          "message": f"the operation raised {name}"},
-                         uncertain=False)
+            setup = (str(exc)[:MAX_TOOL_SETUP_MESSAGE_CHARS] if isinstance(exc, ToolSetupError)
+                     else getattr(exc, "tool_setup", None))
+            error = ({"code": TOOL_UNAVAILABLE, "exception": name, "message": setup}
+                     if setup else {"code": "execution_error", "exception": name,
+                                    "message": f"the operation raised {name}"})
+            self._finish(action_id, Status.FAILED, None, error, uncertain=False)
             log.warning("job failed: %s", name,
                         extra={"action_id": action_id, "crew_id": record.crew_id})
         else:

@@ -354,7 +354,9 @@ class WorkerExecutor:
             return outcome.get("output")
         if kind == "unserialisable":
             return _NotSerialisable()
-        raise RemoteExecutionError(str(outcome.get("exception") or "Exception"))
+        setup = outcome.get("tool_setup")
+        raise RemoteExecutionError(str(outcome.get("exception") or "Exception"),
+                                   tool_setup=str(setup) if setup is not None else None)
 
     async def _stop(self, handle: WorkerHandle) -> StopReport | None:
         try:

@@ -37,6 +37,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
+from crewfence_sidecar.contract import MAX_TOOL_SETUP_MESSAGE_CHARS, ToolSetupError
 from crewfence_sidecar.runtime import JobContext
 from crewfence_sidecar.workers.protocol import ProtocolError, frame, read_frame, write_frame
 from crewfence_sidecar.workers.reuse import MAX_REUSE_RSS_BYTES, JobBaseline, refusal
@@ -110,6 +111,9 @@ async def _execute(catalog: Any, job: dict[str, Any], channel: _Channel,
                      keep_material=bool(job.get("keep_material")))
     try:
         output = await operations.execute(catalog, ctx)
+    except ToolSetupError as exc:  # names parts of the crew definition only: it crosses
+        return {"type": "error", "exception": type(exc).__name__,
+                "tool_setup": str(exc)[:MAX_TOOL_SETUP_MESSAGE_CHARS]}
     except Exception as exc:  # the class only crosses over (messages can carry inputs)
         return {"type": "error", "exception": type(exc).__name__}
     return {"type": "result", "output": output}

@@ -321,6 +321,40 @@ def test_an_agent_naming_an_unknown_tool_stops_the_sidecar_at_start(
     assert "crew 'desk'" in line and "unknown tool 'shredder'" in line
 
 
+def test_a_tool_only_the_server_can_refuse_fails_the_job_certain_and_named(
+        desk: dict[str, Any], mcp_server: tuple[str, Path]) -> None:
+    """What neither the API server (CEL) nor the sidecar's start can decide, a server without
+    allowedTools lacking the tool, or a Python ref that does not import in the image, fails
+    the job before anything ran: certain, ``tool_unavailable``, the message naming it."""
+    crews = desk["tmp"] / "unavailable.yaml"
+    crews.write_text(_crews_yaml(mcp_server[0]).replace("tools: [tickets, lookup, explode]",
+                                                        "tools: [tickets/nope]"))
+    sidecar = SidecarProcess([], {**desk["env"], "CREWFENCE_CREWS_FILE": str(crews)},
+                             desk["tmp"] / "sidecar.log").start()
+    try:
+        sidecar.wait_listening()
+        status, answer = _start(sidecar.url, "no-such-tool", _ticket("U-1"))
+        events = _events(sidecar.url, "no-such-tool")
+    finally:
+        sidecar.terminate()
+    assert status == 502, answer
+    error = answer["record"]["error"]
+    assert error["code"] == "tool_unavailable" and error["exception"] == "MCPToolError"
+    assert "'tickets' does not offer tool 'nope'" in error["message"], error
+    assert answer["record"]["uncertain_outcome"] is False
+    assert [e["event"] for e in events] == ["started", "failed"]
+    assert _lines(desk["mcp_ledger"], title="U-1") == []
+
+
+def test_a_python_ref_that_does_not_import_stops_the_sidecar_at_start_naming_it(
+        desk: dict[str, Any], mcp_server: tuple[str, Path]) -> None:
+    crews = desk["tmp"] / "noref.yaml"
+    crews.write_text(_crews_yaml(mcp_server[0]).replace('ref: "ledger_tools:lookup"',
+                                                        'ref: "ledger_tools:nothere"'))
+    line = refused_start(desk["tmp"], {**desk["env"], "CREWFENCE_CREWS_FILE": str(crews)})
+    assert "crew 'desk'" in line and "ref 'ledger_tools:nothere'" in line, line
+
+
 def test_a_registry_crew_using_crewais_mcp_dsl_is_journaled_and_sends_the_key(
         desk: dict[str, Any]) -> None:
     from crewai.mcp.tool_resolver import MCPToolResolver
