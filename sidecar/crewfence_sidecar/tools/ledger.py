@@ -8,9 +8,9 @@ Installed once per process (:func:`install`); a job binds its :class:`JobLedger`
 | ``pre_step`` (kind task)              | ``task_started``                             |
 | ``post_step`` (kind task)             | ``task_completed``                           |
 | ``pre_model_call`` .. its end         | ``model_call`` (end: ``post_model_call``, the |
-|                                       | (``request_id``: the provider's response id) |
 |                                       | task's next tool call or model call, the end |
-|                                       | of its task or of the job)                   |
+|                                       | of its task or of the job; ``request_id``:   |
+|                                       | the provider's response id)                  |
 | ``pre_tool_call``                     | ``tool_call_started`` (durable, acknowledged) |
 | ``post_tool_call``                    | ``tool_call_finished``                       |
 
