@@ -10,11 +10,11 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Final
+from typing import Any, Final, Protocol
 from urllib.parse import quote
 
 import rfc8785
@@ -94,6 +94,31 @@ EFFECT_EVENTS: Final = frozenset({EventName.TASK_STARTED, EventName.TASK_COMPLET
                                   EventName.BATCH_ITEM_COMPLETED,
                                   EventName.BATCH_ITEM_REUSED})
 """Events a job's ledger appends between ``started`` and its terminal event."""
+
+
+TOOL_UNAVAILABLE: Final = "tool_unavailable"
+"""Error code of a job whose crew's tools could not be built (nothing ran)."""
+MAX_TOOL_SETUP_MESSAGE_CHARS: Final = 500
+
+
+class ToolSetupError(ValueError):
+    """A crew's tools could not be built before its job ran anything: an MCP server that does
+    not answer ``tools/list`` or does not offer a tool an agent names, a Python ``ref`` that
+    does not import. Its message names only parts of the crew definition (server, tool,
+    ref, file names; never header values or job inputs), so, unlike other exceptions of a
+    job, it is journaled (``error.code`` :data:`TOOL_UNAVAILABLE`)."""
+
+
+class EffectSink(Protocol):
+    """Where a job's effect-ledger events go: ``sink(event, data, durable, preceding)``.
+
+    ``preceding`` are events that happened just before ``event`` and are journaled with it,
+    in order, in the same commit (a tool call's start carries the model call that ended at
+    it). With ``durable`` it returns True only once all of them are committed durably (False
+    when they could not be: nothing of the batch is kept); callable from any thread."""
+
+    def __call__(self, event: str, data: dict[str, Any], durable: bool,
+                 preceding: Sequence[tuple[str, dict[str, Any]]] = ()) -> bool: ...
 
 TERMINAL_EVENTS: Final = frozenset({EventName.COMPLETED, EventName.FAILED, EventName.CANCELLED})
 TERMINAL_EVENT_FOR_STATUS: Final = {

@@ -560,21 +560,47 @@ class Journal:
 
         ``durable=True`` (a ``tool_call_started``: the tool runs only after it) commits with a
         synced WAL before returning; otherwise the next durable commit syncs it."""
+        return self.append_events(action_id, [(name, data)], durable=durable)[0]
+
+    def event_fits(self, name: str, data: dict[str, Any]) -> bool:
+        """Whether one event of this name and body is within CREWFENCE_MAX_EVENT_BYTES."""
+        return len(dumps(data).encode("utf-8")) + len(name) <= self.limits.max_event_bytes
+
+    def append_events(self, action_id: str, events: list[tuple[str, dict[str, Any]]], *,
+                      durable: bool = False) -> list[JobEvent]:
+        """Append non-terminal events in order, in ONE transaction (all or none); JournalFull
+        when they do not all fit (the per-run count, an event's bytes, the state bytes).
+
+        Invariant (write-ahead, cheaply): with ``durable=True`` every event of the batch is
+        on disk (synced WAL) when this returns; without, they are committed unsynced (safe
+        against a process crash) and the next durable commit (a tool call's start, the
+        terminal event) syncs them, so only a power loss could drop them, and a dropped
+        ``tool_call_finished`` leaves its call in doubt, never falsely finished. One batch is
+        one commit: the model call that ended at a tool call's start costs no commit of its
+        own on the path the tool waits for."""
         record = self.records[action_id]
-        if self.room_for_events(action_id) <= 0:
+        if self.room_for_events(action_id) < len(events):
             raise JournalFull("CREWFENCE_MAX_EVENTS_PER_RUN reached")
-        encoded = self._encode_event(name, data,
-                                     too_large="event is over CREWFENCE_MAX_EVENT_BYTES")
-        seq = record.event_count
+        encoded: list[str] = []
+        for name, data in events:
+            text = dumps(data)
+            if len(text.encode("utf-8")) + len(name) > self.limits.max_event_bytes:
+                raise JournalFull("event is over CREWFENCE_MAX_EVENT_BYTES")
+            encoded.append(text)
+        self._check_room(sum(len(text) for text in encoded))
+        first = record.event_count
         now = utc_now()
         with self._tx(fsync=durable) as conn:
-            conn.execute("INSERT INTO events VALUES (?, ?, ?, ?)",
-                         (action_id, seq, name, encoded))
+            conn.executemany("INSERT INTO events VALUES (?, ?, ?, ?)",
+                             [(action_id, first + i, name, text)
+                              for i, ((name, _), text) in enumerate(zip(events, encoded,
+                                                                        strict=True))])
             conn.execute("UPDATE records SET event_count = ?, updated_at = ? "
-                         "WHERE action_id = ?", (seq + 1, now, action_id))
-        record.event_count = seq + 1
+                         "WHERE action_id = ?", (first + len(events), now, action_id))
+        record.event_count = first + len(events)
         record.updated_at = now
-        return JobEvent(event=name, sequence=seq, data=data)
+        return [JobEvent(event=name, sequence=first + i, data=data)
+                for i, (name, data) in enumerate(events)]
 
     def finish(self, action_id: str, status: Status, *, output: Any, error: Any,
                uncertain: bool, event_data: dict[str, Any], _in_tx: bool = False) -> JobEvent:

@@ -14,20 +14,23 @@ import contextlib
 import logging
 import threading
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Container, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Container, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from crewfence_sidecar.contract import (
     EFFECT_EVENTS,
+    MAX_TOOL_SETUP_MESSAGE_CHARS,
     OPERATION_TRAITS,
     RESUMABLE_OPERATIONS,
     SUCCESSOR_ALLOWING,
+    TOOL_UNAVAILABLE,
     UNRECORDED_GRACE_SECONDS,
     ContractError,
     DrainState,
+    EffectSink,
     EventName,
     JobEvent,
     JobRecord,
@@ -38,6 +41,7 @@ from crewfence_sidecar.contract import (
     SuccessorRequest,
     Tombstone,
     TombstoneImportResult,
+    ToolSetupError,
     check_template_inputs,
     finding_of,
     request_hash,
@@ -83,10 +87,11 @@ class JobContext:
     answered: Callable[[], Awaitable[None]] | None = None
     """Returns once every blocking answer that waits for this job was written (bounded):
     a worker executor awaits it after ``on_output`` before the worker's after-job work."""
-    record_effect: Callable[[str, dict[str, Any], bool], bool] | None = None
-    """``record_effect(event, data, durable) -> journaled``: appends one effect-ledger event
-    (``contract.EFFECT_EVENTS``); with ``durable`` it returns only once the event is
-    committed durably. Callable from any thread (see ``Runtime.effect_recorder``)."""
+    record_effect: EffectSink | None = None
+    """``record_effect(event, data, durable, preceding=()) -> journaled``: appends
+    effect-ledger events (``contract.EFFECT_EVENTS``) in one commit; with ``durable`` it
+    returns only once they are committed durably. Callable from any thread (see
+    ``Runtime.effect_recorder``)."""
     resume: dict[str, Any] | None = None
     """A resumed job: its ``resume.ResumePlan`` as JSON (``to_wire``), built at admission
     from the predecessor's journal."""
@@ -416,12 +421,15 @@ class Runtime:
             log.warning("job worker died: %s", died.exit.describe(),
                         extra={"action_id": action_id, "crew_id": record.crew_id})
         except Exception as exc:
-            # The exception class only: messages can carry inputs or provider details.
+            # The exception class only: messages can carry inputs or provider details; a
+            # crew whose tools cannot be built says which (ToolSetupError: nothing ran).
             name = str(getattr(exc, "exception_name", type(exc).__name__))
-            self._finish(action_id, Status.FAILED, None,
-                         {"code": "execution_error", "exception": name,
-                          "message": f"the operation raised {name}"},
-                         uncertain=False)
+            setup = (str(exc)[:MAX_TOOL_SETUP_MESSAGE_CHARS] if isinstance(exc, ToolSetupError)
+                     else getattr(exc, "tool_setup", None))
+            error = ({"code": TOOL_UNAVAILABLE, "exception": name, "message": setup}
+                     if setup else {"code": "execution_error", "exception": name,
+                                    "message": f"the operation raised {name}"})
+            self._finish(action_id, Status.FAILED, None, error, uncertain=False)
             log.warning("job failed: %s", name,
                         extra={"action_id": action_id, "crew_id": record.crew_id})
         else:
@@ -450,30 +458,37 @@ class Runtime:
 
     def record_effect(self, action_id: str, name: str, data: dict[str, Any], *,
                       durable: bool) -> bool:
-        """Append one effect-ledger event of a running job (on the loop's thread); False when
-        it was not journaled (unknown name, no running record, journal full, persist error).
+        """Append one effect-ledger event of a running job (see :meth:`record_effects`)."""
+        return self.record_effects(action_id, [(name, data)], durable=durable)
+
+    def record_effects(self, action_id: str, events: Sequence[tuple[str, dict[str, Any]]], *,
+                       durable: bool) -> bool:
+        """Append effect-ledger events of a running job in one commit (on the loop's thread);
+        False when they were not journaled (an unknown name, no running record, journal
+        full, persist error): then none of them is.
 
         Invariant (write-ahead tool calls): with ``durable`` True is returned only after the
-        journal committed the event with a synced WAL; the caller runs the tool only then.
+        journal committed the events with a synced WAL; the caller runs the tool only then.
+        Resume material that does not fit the event bound is left out (not reusable), the
+        event itself is kept.
         """
         record = self.journal.get(action_id)
         job = self._jobs.get(action_id)
-        if name not in EFFECT_EVENTS or record is None or record.terminal:
+        if (not events or record is None or record.terminal
+                or any(name not in EFFECT_EVENTS for name, _ in events)):
             return False
-        try:
-            try:
-                self.journal.append_event(action_id, name, data, durable=durable)
-            except JournalFull:
-                # resume material that does not fit the event bound is left out (not
-                # reusable), the event itself is kept
-                if not any(k in data for k in _MATERIAL_KEYS):
-                    raise
+        batch: list[tuple[str, dict[str, Any]]] = []
+        for name, data in events:
+            if any(k in data for k in _MATERIAL_KEYS) and not self.journal.event_fits(name,
+                                                                                      data):
                 data = {k: v for k, v in data.items() if k not in _MATERIAL_KEYS}
                 data["material"] = "too_large"
-                self.journal.append_event(action_id, name, data, durable=durable)
+            batch.append((name, data))
+        try:
+            self.journal.append_events(action_id, batch, durable=durable)
         except (JournalFull, PersistError, TypeError, ValueError) as exc:
             if job is not None:
-                job.dropped_effects += 1
+                job.dropped_effects += len(batch)
             if durable:
                 log.warning("effect not journaled: %s", type(exc).__name__,
                             extra={"action_id": action_id, "crew_id": record.crew_id})
@@ -481,30 +496,40 @@ class Runtime:
         self._notify(action_id)
         return True
 
-    def effect_recorder(self, action_id: str) -> Callable[[str, dict[str, Any], bool], bool]:
-        """``JobContext.record_effect`` of a job: :meth:`record_effect` from any thread.
+    def effect_recorder(self, action_id: str) -> EffectSink:
+        """``JobContext.record_effect`` of a job: :meth:`record_effects` from any thread.
 
         Off the loop's thread, best-effort events are queued and journaled by one loop
-        callback per batch (one wake-up of the loop, not one per event); a durable event is
-        journaled on the loop after every event queued before it (their order is kept) and
-        the calling thread waits for its verdict.
+        callback per batch (one wake-up of the loop and one commit, not one per event); a
+        durable event is journaled on the loop in one commit with every event queued before
+        it and its ``preceding`` (their order is kept), and the calling thread waits for its
+        verdict.
         """
         loop = asyncio.get_running_loop()
         loop_thread = threading.get_ident()
         queued: deque[tuple[str, dict[str, Any]]] = deque()
         scheduled = threading.Event()  # set while a flush is pending on the loop
 
+        def take_queued() -> list[tuple[str, dict[str, Any]]]:
+            taken: list[tuple[str, dict[str, Any]]] = []
+            while queued:
+                taken.append(queued.popleft())
+            return taken
+
         def flush() -> None:
             scheduled.clear()
-            while queued:
-                name, data = queued.popleft()
-                self.record_effect(action_id, name, data, durable=False)
+            taken = take_queued()
+            if taken:
+                self.record_effects(action_id, taken, durable=False)
 
-        def record(name: str, data: dict[str, Any], durable: bool) -> bool:
+        def record(name: str, data: dict[str, Any], durable: bool,
+                   preceding: Sequence[tuple[str, dict[str, Any]]] = ()) -> bool:
             if threading.get_ident() == loop_thread:
                 flush()
-                return self.record_effect(action_id, name, data, durable=durable)
+                return self.record_effects(action_id, [*preceding, (name, data)],
+                                           durable=durable)
             if not durable:
+                queued.extend(preceding)
                 queued.append((name, data))
                 if not scheduled.is_set():
                     scheduled.set()
@@ -517,8 +542,11 @@ class Runtime:
 
             def run() -> None:
                 try:
-                    flush()
-                    done.set_result(self.record_effect(action_id, name, data, durable=True))
+                    earlier = take_queued()
+                    if earlier:  # best effort: their failure must not refuse the tool
+                        self.record_effects(action_id, earlier, durable=False)
+                    done.set_result(self.record_effects(
+                        action_id, [*preceding, (name, data)], durable=True))
                 except BaseException as exc:  # handed to the waiting thread
                     done.set_exception(exc)
 
@@ -531,7 +559,7 @@ class Runtime:
             except Exception:  # a timeout or a failure: not known to be journaled
                 return False
 
-        return record
+        return cast(EffectSink, record)  # mypy drops the default of a nested def
 
     def _append_chunk(self, action_id: str, data: dict[str, Any]) -> None:
         job = self._jobs.get(action_id)

@@ -11,11 +11,14 @@ as differences and ratios of that run.
    ``tool_call_started`` acknowledged after the journal's synced commit), (b) journaled on
    the runtime's in-process path (no workers, a file journal), (c) not journaled
    (``operations.execute`` without a ledger, in this process). The bar is (a) minus (c)
-   <= 1.5 ms per call (exit status 1 otherwise). Whole-job p50s are printed too; on a shared
-   2-core machine they are far noisier than the per-call figure.
+   <= 1.5 ms per call. Whole-job p50s are printed too; on a shared 2-core machine they are
+   far noisier than the per-call figure.
 2. A run with four tool calls through the sidecar (worker, blocking ``POST /jobs``) against
-   the same crew kicked off in-process without a ledger: p50 of each, their ratio and
-   difference (no bar: it includes the sidecar's own per-job cost).
+   the same crew kicked off in-process without a ledger: p50 of each, their ratio (bar:
+   <= 1.2x, the sidecar's run-overhead bar; it includes the sidecar's own per-job cost) and
+   difference.
+
+Both figures come from this one run; the exit status is 1 when either bar is missed.
 
 Runs are interleaved so every side sees the same machine load.
 """
@@ -41,6 +44,7 @@ SUPPORT = HERE.parent / "support"
 sys.path.insert(0, str(SUPPORT))
 sys.path.insert(0, str(HERE.parent / "component" / "sidecar"))
 BAR_MS = 1.5
+RUN_RATIO_BAR = 1.2
 
 
 def crews_document() -> dict[str, Any]:
@@ -201,11 +205,17 @@ def main() -> int:
           f"{p50_ms(t['jK']):.1f} ms, not journaled {p50_ms(t['pK']):.1f} ms; with 0 calls: "
           f"{p50_ms(t['s0']):.1f} / {p50_ms(t['j0']):.1f} / {p50_ms(t['p0']):.1f} ms")
     four_side, four_in = p50_ms(t["s4"]), p50_ms(t["p4"])
+    run_ratio = four_side / four_in
     print(f"four-tool-call run: sidecar (worker, blocking POST) p50 {four_side:.1f} ms; "
           f"in-process (no ledger, akickoff) p50 {four_in:.1f} ms; "
-          f"{four_side / four_in:.2f}x, +{four_side - four_in:.1f} ms "
+          f"{run_ratio:.2f}x (bar: {RUN_RATIO_BAR}x), +{four_side - four_in:.1f} ms "
           "(includes the sidecar's per-job cost)")
-    return 0 if worker - plain <= BAR_MS else 1
+    print(f"bars: per call +{worker - plain:.3f} ms <= +{BAR_MS} ms "
+          f"{'met' if worker - plain <= BAR_MS else 'MISSED'}; four-call run "
+          f"{run_ratio:.2f}x <= {RUN_RATIO_BAR}x "
+          f"{'met' if run_ratio <= RUN_RATIO_BAR else 'MISSED'}; "
+          f"load average {' '.join(Path('/proc/loadavg').read_text().split()[:3])}")
+    return 0 if worker - plain <= BAR_MS and run_ratio <= RUN_RATIO_BAR else 1
 
 
 if __name__ == "__main__":

@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import threading
 from pathlib import Path
+from typing import Any
 
+from crewai.hooks.dispatch import InterceptionPoint, register
 from crewai.tools import BaseTool
 from crewfence_sidecar.tool_context import current_idempotency_key
 
@@ -29,6 +33,44 @@ def lookup(term: str) -> str:
     """Look a term up in the offline glossary."""
     _record("lookup", term=term)
     return f"glossary: {term} is a term"
+
+
+def _pause_sidecar_before_tripwire(ctx: Any) -> None:
+    """A ``pre_tool_call`` hook registered at import, so before the ledger's (installed at a
+    job's start): for ``tripwire``, SIGSTOP the sidecar and SIGCONT it ``PAUSE_SECONDS``
+    later. The tool's start reaches a sidecar that cannot commit it for that long; a worker
+    that ran the tool without waiting for the acknowledgement would run its body (which
+    kills the sidecar) before the start is journaled."""
+    pid_file = os.environ.get("CREWFENCE_TEST_SIDECAR_PID_FILE")
+    if not pid_file or getattr(ctx, "tool_name", None) != "tripwire":
+        return
+    pid = int(Path(pid_file).read_text())
+    os.kill(pid, signal.SIGSTOP)
+    timer = threading.Timer(PAUSE_SECONDS, os.kill, (pid, signal.SIGCONT))
+    timer.daemon = True
+    timer.start()
+
+
+PAUSE_SECONDS = 1.0
+register(InterceptionPoint.PRE_TOOL_CALL, _pause_sidecar_before_tripwire)
+
+
+def kill_sidecar(note: str) -> str:
+    """``tripwire``: SIGKILL the sidecar (pid in ``$CREWFENCE_TEST_SIDECAR_PID_FILE``) at this
+    tool's first instructions, then this worker: whatever the journal holds afterwards was
+    committed before the tool body ran (the write-ahead test). The key it saw is noted first,
+    without fsync (a killed process's writes stay in the page cache), so the kill comes at
+    once."""
+    target = os.environ.get("CREWFENCE_TEST_TOOL_LEDGER")
+    if target:
+        with Path(target).open("a", encoding="utf-8") as out:
+            out.write(json.dumps({"tool": "kill_sidecar", "key": current_idempotency_key(),
+                                  "note": note}) + "\n")
+    pid_file = os.environ.get("CREWFENCE_TEST_SIDECAR_PID_FILE")
+    if pid_file:
+        os.kill(int(Path(pid_file).read_text()), signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)
+    return "unreachable"
 
 
 def noop() -> str:

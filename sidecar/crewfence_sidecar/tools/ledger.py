@@ -9,7 +9,8 @@ Installed once per process (:func:`install`); a job binds its :class:`JobLedger`
 | ``post_step`` (kind task)             | ``task_completed``                           |
 | ``pre_model_call`` .. its end         | ``model_call`` (end: ``post_model_call``, the |
 |                                       | task's next tool call or model call, the end |
-|                                       | of its task or of the job); one answered     |
+|                                       | of its task or of the job; ``request_id``:   |
+|                                       | the provider's response id); one answered    |
 |                                       | from the journal: ``model_call_reused``      |
 | ``pre_tool_call``                     | ``tool_call_started`` (durable, acknowledged) |
 | ``post_tool_call``                    | ``tool_call_finished``                       |
@@ -21,6 +22,12 @@ Invariants:
   persist failure, channel gone), the hook aborts the call (``HookAborted``: crewai does not
   run the tool), the ledger is ``refused``, every later model or tool call of the job is
   aborted too, and the job fails certain (:class:`EffectNotJournaled`).
+- One commit per tool call start: the ``model_call`` that ended at the call's start (the
+  model chose the tool) is handed to the sink as the start's ``preceding`` and journaled in
+  the same durable transaction, never in one of its own on the path the tool waits for.
+  ``tool_call_finished`` (like task and model events) is committed unsynced; it becomes
+  durable with the next synced commit. A crash that loses it leaves the call *in doubt*:
+  conservative, never a false "finished".
 - The call's idempotency key (``contract.tool_idempotency_key``) is bound in
   ``tool_context`` while the tool runs, from the same numbers the event carries.
 - A tool that raises is a finished call with ``error`` set (class name), never a call in
@@ -54,7 +61,7 @@ import functools
 import hashlib
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -62,6 +69,7 @@ from typing import Any
 from crewfence_sidecar.contract import (
     MAX_EFFECT_ERROR_CHARS,
     MAX_EFFECT_PREVIEW_CHARS,
+    EffectSink,
     EventName,
     arguments_sha256,
     tool_idempotency_key,
@@ -75,9 +83,8 @@ from crewfence_sidecar.resume import (
 )
 from crewfence_sidecar.tool_context import reset_idempotency_key, set_idempotency_key
 
-EffectSink = Callable[[str, dict[str, Any], bool], bool]
-"""``sink(event, data, durable) -> journaled``. ``durable=True`` must return only once the
-event is committed durably (False when it could not be); callable from any thread."""
+__all__ = ["EffectNotJournaled", "EffectSink", "JobLedger", "bound", "current", "install"]
+Effect = tuple[str, dict[str, Any]]
 
 
 class EffectNotJournaled(RuntimeError):
@@ -95,6 +102,30 @@ def _sha256_text(text: str) -> str:
 
 def _bounded(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit]
+
+
+_response_ids: dict[int, str] = {}
+"""The provider's id of each LLM instance's last response (``id(llm)`` -> id), noted by
+crewai's ``_emit_call_completed_event`` in the thread of the call, before it returns."""
+_response_lock = threading.Lock()
+
+
+def _note_response_id(emit: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(emit)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        response_id = kwargs.get("response_id")
+        if isinstance(response_id, str) and response_id:
+            with _response_lock:
+                _response_ids[id(self)] = response_id[:MAX_EFFECT_ERROR_CHARS]
+        return emit(self, *args, **kwargs)
+
+    wrapper.__crewfence_wrapped__ = True  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _take_response_id(llm: Any) -> str | None:
+    with _response_lock:
+        return _response_ids.pop(id(llm), None) if llm is not None else None
 
 
 @dataclass
@@ -222,15 +253,25 @@ class JobLedger:
     _models: dict[int, _ModelCall] = field(default_factory=dict)
     _tools: threading.local = field(default_factory=threading.local)
 
-    def _send(self, event: EventName, data: dict[str, Any], durable: bool = False) -> bool:
+    def _send(self, event: EventName, data: dict[str, Any], durable: bool = False,
+              preceding: Sequence[Effect] = ()) -> bool:
         data["at"] = utc_at()
         try:
-            ok = self.sink(event.value, data, durable)
+            ok = self.sink(event.value, data, durable, preceding)
         except Exception:  # a sink that broke is a sink that did not journal
             ok = False
-        if not ok and not durable:
-            self.dropped += 1
+        if not ok:
+            self.dropped += len(preceding) + (0 if durable else 1)
         return ok
+
+    def _send_held(self, held: list[Effect]) -> None:
+        """Journal events held for a durable one that is not sent after all (best effort)."""
+        for name, data in held:
+            try:
+                ok = self.sink(name, data, False)
+            except Exception:
+                ok = False
+            self.dropped += 0 if ok else 1
 
     # --- tasks ------------------------------------------------------------------------------
     def task_started(self, task: Any, agent: Any) -> None:
@@ -269,6 +310,7 @@ class JobLedger:
         self._end_models(task)
         llm = getattr(ctx, "llm", None)
         name, task_index, _ = _task_place(task, getattr(ctx, "crew", None))
+        _take_response_id(llm)  # an id noted before this call is not this call's
         with self._lock:
             model_index = self._next_model.get(task_index, 0) if task is not None else 0
             if task is not None:
@@ -316,7 +358,9 @@ class JobLedger:
             if call is not None and not call.reused:
                 call.response = encoded
 
-    def _end_models(self, task: Any) -> None:
+    def _end_models(self, task: Any, hold: list[Effect] | None = None) -> None:
+        """End the task's open model call; with ``hold``, its event is put there to be
+        journaled with the tool call's start (one commit) instead of being sent now."""
         with self._lock:
             call = self._models.pop(id(task), None)
             if call is None:
@@ -324,9 +368,10 @@ class JobLedger:
             index = self._model_index
             if not call.reused:  # call_index counts the calls made
                 self._model_index += 1
-        self._emit_model(call, index)
+        self._emit_model(call, index, hold)
 
-    def _emit_model(self, call: _ModelCall, index: int) -> None:
+    def _emit_model(self, call: _ModelCall, index: int,
+                    hold: list[Effect] | None = None) -> None:
         where: dict[str, Any] = {}
         if call.task_index is not None:
             where = {"task_index": call.task_index, "model_index": call.model_index}
@@ -338,7 +383,7 @@ class JobLedger:
                 "from_action": self.model_replay.plan.predecessor
                 if self.model_replay is not None else None}
             _add_material(data, "response", call.response or "")  # a successor reuses it too
-            self._send(EventName.MODEL_CALL_REUSED, data)
+            self._hold_or_send(EventName.MODEL_CALL_REUSED, data, hold)
             return
         after = _tokens(call.llm)
         prompt = (after[0] - call.tokens[0]
@@ -347,10 +392,20 @@ class JobLedger:
                       if after[1] is not None and call.tokens[1] is not None else None)
         data = {"model": call.model, "call_index": index, "task": call.task, **where,
                 "prompt_tokens": prompt, "completion_tokens": completion,
+                "request_id": _take_response_id(call.llm),
                 "duration_ms": round((time.perf_counter() - call.started) * 1000, 3)}
         if self.keep_material and call.response is not None:
             _add_material(data, "response", call.response)
-        self._send(EventName.MODEL_CALL, data)
+        self._hold_or_send(EventName.MODEL_CALL, data, hold)
+
+    def _hold_or_send(self, event: EventName, data: dict[str, Any],
+                      hold: list[Effect] | None) -> None:
+        """Send now, or put into ``hold`` to be journaled with the tool call's start."""
+        if hold is None:
+            self._send(event, data)
+        else:
+            data["at"] = utc_at()
+            hold.append((event.value, data))
 
     def model_finished(self, ctx: Any) -> None:
         self._end_models(getattr(ctx, "task", None))
@@ -376,7 +431,8 @@ class JobLedger:
         from crewai.hooks.dispatch import HookAborted
 
         task = getattr(ctx, "task", None)
-        self._end_models(task)
+        held: list[Effect] = []  # the model call that chose this tool: one commit with it
+        self._end_models(task, hold=held)
         tool, server = _tool_identity(ctx)
         name, task_index, _ = _task_place(task, getattr(ctx, "crew", None))
         with self._lock:
@@ -387,6 +443,7 @@ class JobLedger:
                     if self.replay is not None and not self.refused else None)
         if decision is not None and decision.key is not None and decision.action in (
                 ToolAction.REPLAY, ToolAction.ALREADY_MADE):
+            self._send_held(held)
             self._reuse_call(tool, server, name, task_index, call_index, args_sha,
                              decision.key, decision.action, decision.result or "")
             raise HookAborted("crewfence: answered from the journal (resume)",
@@ -403,7 +460,10 @@ class JobLedger:
             "call_index": call_index, "arguments_sha256": args_sha, "idempotency_key": key}
         if decision is not None:
             started["resume"] = decision.action.value
-        if self.refused or not self._send(EventName.TOOL_CALL_STARTED, started, durable=True):
+        if self.refused:
+            self._send_held(held)
+        if self.refused or not self._send(EventName.TOOL_CALL_STARTED, started, durable=True,
+                                          preceding=held):
             self.refused = True
             call.refused = True
             self._stack().append(call)
@@ -548,7 +608,8 @@ _install_lock = threading.Lock()
 
 def install() -> None:
     """Register the hooks with crewai (once per process; a forked worker inherits them), note
-    the class of exceptions tools raise (``BaseTool.run``/``Tool.run``) and send the call's
+    the class of exceptions tools raise (``BaseTool.run``/``Tool.run``) and the provider's
+    response id of model calls (``BaseLLM._emit_call_completed_event``), and send the call's
     key in every MCP ``tools/call`` ``_meta`` (``mcp_tools.install_idempotency_meta``)."""
     global _installed
     with _install_lock:
@@ -567,6 +628,11 @@ def install() -> None:
         for cls in (BaseTool, Tool):
             if not getattr(cls.run, "__crewfence_wrapped__", False):
                 cls.run = _note_errors(cls.run)  # type: ignore[method-assign]
+        from crewai.llms.base_llm import BaseLLM
+
+        emit = BaseLLM._emit_call_completed_event
+        if not getattr(emit, "__crewfence_wrapped__", False):
+            BaseLLM._emit_call_completed_event = _note_response_id(emit)  # type: ignore[method-assign]
         from crewfence_sidecar.tools.mcp_tools import install_idempotency_meta
 
         install_idempotency_meta()

@@ -38,14 +38,18 @@ from crewai.mcp.transports.sse import SSETransport
 from crewai.tools import BaseTool
 from crewai.tools.mcp_native_tool import MCPNativeTool
 
-from crewfence_sidecar.contract import IDEMPOTENCY_KEY_HEADER, MCP_IDEMPOTENCY_META_KEY
+from crewfence_sidecar.contract import (
+    IDEMPOTENCY_KEY_HEADER,
+    MCP_IDEMPOTENCY_META_KEY,
+    ToolSetupError,
+)
 from crewfence_sidecar.tool_context import current_idempotency_key
 
 T = TypeVar("T")
 TRANSPORTS = ("streamable-http", "sse")
 
 
-class MCPToolError(ValueError):
+class MCPToolError(ToolSetupError):
     """An MCP server that cannot be reached or lacks a tool the crew names."""
 
 

@@ -16,10 +16,12 @@ from typing import Any
 from crewai.tools import BaseTool
 from crewai.tools.base_tool import Tool
 
+from crewfence_sidecar.contract import ToolSetupError
+
 REF_SEPARATOR = ":"
 
 
-class ToolReferenceError(ValueError):
+class ToolReferenceError(ToolSetupError):
     """A ``ref`` that does not name an importable tool (the message names the ref)."""
 
 

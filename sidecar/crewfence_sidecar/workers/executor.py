@@ -72,6 +72,20 @@ class _Progress:
     """The worker's ``started`` frame arrived: from then on the job may have had effects."""
 
 
+def _preceding(raw: Any) -> list[tuple[str, dict[str, Any]]] | None:
+    """An effect frame's ``preceding`` events as ``(event, data)``; None when malformed."""
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        return None
+    out: list[tuple[str, dict[str, Any]]] = []
+    for item in raw:
+        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[1], dict)):
+            return None
+        out.append((str(item[0]), item[1]))
+    return out
+
+
 class _NotSerialisable:
     """Stands for a worker output that was not JSON: the runtime records it as such."""
 
@@ -316,13 +330,15 @@ class WorkerExecutor:
 
     @staticmethod
     def _record_effect(handle: WorkerHandle, ctx: JobContext, message: dict[str, Any]) -> None:
-        """Journal one effect frame; a frame asking for an ``ack`` (a tool call's start, which
-        waits for it before the tool runs) is answered only after the journal committed it
-        durably (``ok: true``) or failed to (``ok: false``: the tool does not run)."""
+        """Journal one effect frame (its ``preceding`` events first, one commit); a frame
+        asking for an ``ack`` (a tool call's start, which waits for it before the tool runs)
+        is answered only after the journal committed it durably (``ok: true``) or failed to
+        (``ok: false``: the tool does not run)."""
         durable = "ack" in message
         data = message.get("data")
-        ok = (ctx.record_effect is not None and isinstance(data, dict)
-              and ctx.record_effect(str(message.get("event")), data, durable))
+        preceding = _preceding(message.get("preceding"))
+        ok = (ctx.record_effect is not None and isinstance(data, dict) and preceding is not None
+              and ctx.record_effect(str(message.get("event")), data, durable, preceding))
         if durable:
             handle.send({"type": "effect_ack", "ack": message["ack"], "ok": bool(ok)})
 
@@ -338,7 +354,9 @@ class WorkerExecutor:
             return outcome.get("output")
         if kind == "unserialisable":
             return _NotSerialisable()
-        raise RemoteExecutionError(str(outcome.get("exception") or "Exception"))
+        setup = outcome.get("tool_setup")
+        raise RemoteExecutionError(str(outcome.get("exception") or "Exception"),
+                                   tool_setup=str(setup) if setup is not None else None)
 
     async def _stop(self, handle: WorkerHandle) -> StopReport | None:
         try:

@@ -53,6 +53,8 @@ class WorkerDied(Exception):
 class RemoteExecutionError(Exception):
     """The operation raised inside the worker; only the exception class crosses over."""
 
-    def __init__(self, exception_name: str) -> None:
+    def __init__(self, exception_name: str, tool_setup: str | None = None) -> None:
         super().__init__(f"the operation raised {exception_name}")
         self.exception_name = exception_name
+        self.tool_setup = tool_setup
+        """A ``contract.ToolSetupError``'s message (the one message that crosses over)."""

@@ -9,10 +9,12 @@ Two kinds of channel:
 - One job channel per worker (``AF_UNIX``/``SOCK_STREAM``): length-prefixed JSON frames. The
   sidecar writes the job first; the worker answers ``started``, any number of ``chunk``,
   ``llm_call`` and ``effect`` frames (``{event, data}``: the job's effect ledger, see
-  ``tools.ledger``), then exactly one ``result`` or ``error``. An ``effect`` frame with an
-  ``ack`` number (a tool call's start) is answered by the sidecar with ``effect_ack``
-  ``{ack, ok}`` once the journal committed it durably (``ok: true``) or could not
-  (``ok: false``); the worker runs the tool only after ``ok: true``. A channel that ends
+  ``tools.ledger``), then exactly one ``result`` or ``error``. An ``effect`` frame may carry
+  ``preceding`` (``[[event, data], ...]``), events journaled before it in the same commit.
+  One with an ``ack`` number (a tool call's start) is answered by the sidecar with
+  ``effect_ack`` ``{ack, ok}`` once the journal committed it (and its ``preceding``) durably
+  (``ok: true``) or could not (``ok: false``); the worker runs the tool only after
+  ``ok: true``. A channel that ends
   without a ``result`` or ``error`` means the worker died. After its outcome a worker that
   may take another job (worker reuse) waits for the sidecar's ``recorded`` (the outcome is
   journaled and answered), then sends ``idle`` (with its CPU seconds so far) and waits for

@@ -34,8 +34,10 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any, NoReturn
 
+from crewfence_sidecar.contract import MAX_TOOL_SETUP_MESSAGE_CHARS, ToolSetupError
 from crewfence_sidecar.runtime import JobContext
 from crewfence_sidecar.workers.protocol import ProtocolError, frame, read_frame, write_frame
 from crewfence_sidecar.workers.reuse import MAX_REUSE_RSS_BYTES, JobBaseline, refusal
@@ -66,17 +68,22 @@ class _Channel:
         with self._lock:
             write_frame(self.sock, message)
 
-    def effect(self, event: str, data: dict[str, Any], durable: bool) -> bool:
-        """Send one effect-ledger event; a durable one waits for the sidecar's ``effect_ack``
-        (sent once the journal committed it) and returns its verdict. Only this method reads
-        the channel while a job runs, one durable event at a time."""
+    def effect(self, event: str, data: dict[str, Any], durable: bool,
+               preceding: Sequence[tuple[str, dict[str, Any]]] = ()) -> bool:
+        """Send effect-ledger events (``preceding`` first: the sidecar journals them in one
+        commit); a durable one waits for the sidecar's ``effect_ack`` (sent once the journal
+        committed them) and returns its verdict. Only this method reads the channel while a
+        job runs, one durable event at a time."""
+        message: dict[str, Any] = {"type": "effect", "event": event, "data": data}
+        if preceding:
+            message["preceding"] = [[name, body] for name, body in preceding]
         if not durable:
-            self.send({"type": "effect", "event": event, "data": data})
+            self.send(message)
             return True
         with self._ack_lock:
             self._acks += 1
-            ack = self._acks
-            self.send({"type": "effect", "event": event, "data": data, "ack": ack})
+            ack = message["ack"] = self._acks
+            self.send(message)
             reply = read_frame(self.sock)
         return (reply is not None and reply.get("type") == "effect_ack"
                 and reply.get("ack") == ack and reply.get("ok") is True)
@@ -104,6 +111,9 @@ async def _execute(catalog: Any, job: dict[str, Any], channel: _Channel,
                      keep_material=bool(job.get("keep_material")))
     try:
         output = await operations.execute(catalog, ctx)
+    except ToolSetupError as exc:  # names parts of the crew definition only: it crosses
+        return {"type": "error", "exception": type(exc).__name__,
+                "tool_setup": str(exc)[:MAX_TOOL_SETUP_MESSAGE_CHARS]}
     except Exception as exc:  # the class only crosses over (messages can carry inputs)
         return {"type": "error", "exception": type(exc).__name__}
     return {"type": "result", "output": output}

@@ -80,6 +80,16 @@ crews:
         agent: clerk
         description: "Handle this request: {{request}}"
         expected_output: A short note
+  wire:
+    tools:
+      python:
+        - {{name: tripwire, ref: "ledger_tools:kill_sidecar"}}
+    agents:
+      clerk: {{role: Clerk, goal: Do what is asked, backstory: Careful., max_retry_limit: 0,
+              tools: [tripwire]}}
+    tasks:
+      - {{name: trip, agent: clerk, description: "Handle: {{request}}",
+         expected_output: A note}}
 """
 
 
@@ -237,6 +247,44 @@ def test_a_tool_never_runs_before_its_start_is_durable(desk: dict[str, Any]) -> 
     del job
 
 
+def test_a_sidecar_killed_by_the_tool_body_already_holds_its_start(
+        desk: dict[str, Any]) -> None:
+    """Write-ahead with a real SIGKILL: the sidecar is stopped (SIGSTOP, 1 s) just before the
+    tool's start is sent, and the tool's body kills it (and its worker) at once, so only what
+    was committed before the body ran survives. Fails when the worker runs the tool without
+    waiting for the start's ``effect_ack`` (the body then kills a sidecar that has not
+    read the start yet)."""
+    pid_file = desk["tmp"] / "sidecar.pid"
+    env = {**desk["env"], "CREWFENCE_TEST_SIDECAR_PID_FILE": str(pid_file)}
+    first = SidecarProcess([], env, desk["tmp"] / "first.log").start().wait_listening()
+    try:
+        assert first.proc is not None
+        pid_file.write_text(str(first.proc.pid))
+        body = {"crew_id": "wire", "action_id": "tripped", "operation": "run",
+                "input": {"request": '[[tool:tripwire {"note": "W-1"}]]'}}
+        status, _ = _call(f"{first.url}/jobs", "POST", body, headers("key-trip", async_=True))
+        assert status == 202
+        assert first.wait_exit(120) == -signal.SIGKILL
+    finally:
+        first.kill()
+    seen = _lines(desk["tool_ledger"], tool="kill_sidecar", note="W-1")
+    assert len(seen) == 1  # the body ran (and killed the sidecar)
+    second = SidecarProcess([], desk["env"], desk["tmp"] / "second.log").start()
+    try:
+        second.wait_listening()
+        _, record = _call(f"{second.url}/jobs/tripped")
+        events = _events(second.url, "tripped")
+    finally:
+        second.terminate()
+    assert record["status"] == "failed" and record["uncertain_outcome"] is True
+    started = [e["data"] for e in events if e["event"] == "tool_call_started"]
+    assert [(s["tool"], s["idempotency_key"]) for s in started] == [("tripwire", seen[0]["key"])]
+    summary = summarize_effects(events)
+    assert [c.idempotency_key for c in summary.in_doubt] == [seen[0]["key"]]
+    # the model call that chose the tool was journaled in the same commit as its start
+    assert [e["event"] for e in events][-3:-1] == ["model_call", "tool_call_started"]
+
+
 def test_a_tool_that_raises_is_a_finished_call_with_its_error(desk: dict[str, Any]) -> None:
     sidecar = SidecarProcess([], desk["env"], desk["tmp"] / "sidecar.log").start()
     try:
@@ -271,6 +319,40 @@ def test_an_agent_naming_an_unknown_tool_stops_the_sidecar_at_start(
                                                         "tools: [tickets, lookup, shredder]"))
     line = refused_start(desk["tmp"], {**desk["env"], "CREWFENCE_CREWS_FILE": str(crews)})
     assert "crew 'desk'" in line and "unknown tool 'shredder'" in line
+
+
+def test_a_tool_only_the_server_can_refuse_fails_the_job_certain_and_named(
+        desk: dict[str, Any], mcp_server: tuple[str, Path]) -> None:
+    """What neither the API server (CEL) nor the sidecar's start can decide, a server without
+    allowedTools lacking the tool, or a Python ref that does not import in the image, fails
+    the job before anything ran: certain, ``tool_unavailable``, the message naming it."""
+    crews = desk["tmp"] / "unavailable.yaml"
+    crews.write_text(_crews_yaml(mcp_server[0]).replace("tools: [tickets, lookup, explode]",
+                                                        "tools: [tickets/nope]"))
+    sidecar = SidecarProcess([], {**desk["env"], "CREWFENCE_CREWS_FILE": str(crews)},
+                             desk["tmp"] / "sidecar.log").start()
+    try:
+        sidecar.wait_listening()
+        status, answer = _start(sidecar.url, "no-such-tool", _ticket("U-1"))
+        events = _events(sidecar.url, "no-such-tool")
+    finally:
+        sidecar.terminate()
+    assert status == 502, answer
+    error = answer["record"]["error"]
+    assert error["code"] == "tool_unavailable" and error["exception"] == "MCPToolError"
+    assert "'tickets' does not offer tool 'nope'" in error["message"], error
+    assert answer["record"]["uncertain_outcome"] is False
+    assert [e["event"] for e in events] == ["started", "failed"]
+    assert _lines(desk["mcp_ledger"], title="U-1") == []
+
+
+def test_a_python_ref_that_does_not_import_stops_the_sidecar_at_start_naming_it(
+        desk: dict[str, Any], mcp_server: tuple[str, Path]) -> None:
+    crews = desk["tmp"] / "noref.yaml"
+    crews.write_text(_crews_yaml(mcp_server[0]).replace('ref: "ledger_tools:lookup"',
+                                                        'ref: "ledger_tools:nothere"'))
+    line = refused_start(desk["tmp"], {**desk["env"], "CREWFENCE_CREWS_FILE": str(crews)})
+    assert "crew 'desk'" in line and "ref 'ledger_tools:nothere'" in line, line
 
 
 def test_a_registry_crew_using_crewais_mcp_dsl_is_journaled_and_sends_the_key(

@@ -9,7 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from crewfence_sidecar.contract import ContractError, Operation, StartRequest, Status
+from crewfence_sidecar.contract import (
+    ContractError,
+    Operation,
+    StartRequest,
+    Status,
+    ToolSetupError,
+)
 from crewfence_sidecar.journal import Journal, JournalLimits
 from crewfence_sidecar.metrics import SidecarMetrics
 from crewfence_sidecar.runtime import (
@@ -19,6 +25,7 @@ from crewfence_sidecar.runtime import (
     Runtime,
     RuntimeSettings,
 )
+from crewfence_sidecar.workers.outcomes import RemoteExecutionError
 
 
 class Crews:
@@ -47,6 +54,11 @@ class CountingExecutor:
             await self.release.wait()
         if ctx.input.get("fail"):
             raise RuntimeError("secret detail")
+        if ctx.input.get("no_tool"):
+            raise ToolSetupError("MCP server 'tickets' does not offer tool(s) nope")
+        if ctx.input.get("remote_no_tool"):
+            raise RemoteExecutionError("MCPToolError",
+                                       tool_setup="MCP server 'tickets': tools/list failed")
         await ctx.emit_chunk({"content": "b"})
         return {"echo": ctx.input}
 
@@ -166,6 +178,19 @@ async def test_execution_error_records_only_the_class(runtime: Runtime) -> None:
     assert rec.error == {"code": "execution_error", "exception": "RuntimeError",
                          "message": "the operation raised RuntimeError"}
     assert "secret detail" not in str(runtime.events("a", 0, 10))
+
+
+@pytest.mark.parametrize(("flag", "exception", "message"), [
+    ("no_tool", "ToolSetupError", "MCP server 'tickets' does not offer tool(s) nope"),
+    ("remote_no_tool", "MCPToolError", "MCP server 'tickets': tools/list failed"),
+])
+async def test_a_crew_whose_tools_cannot_be_built_fails_certain_naming_them(
+        runtime: Runtime, flag: str, exception: str, message: str) -> None:
+    await runtime.admit(_req(**{flag: True}), "k")
+    await runtime.wait_terminal("a", 10)
+    rec = runtime.journal.get("a")
+    assert rec is not None and rec.status is Status.FAILED and not rec.uncertain_outcome
+    assert rec.error == {"code": "tool_unavailable", "exception": exception, "message": message}
 
 
 @pytest.mark.parametrize("req, status", [

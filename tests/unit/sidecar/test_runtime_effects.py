@@ -137,3 +137,35 @@ def test_a_durable_append_commits_with_a_synced_wal(tmp_path: Path,
     journal.append_event("a", "model_call", {})
     assert syncs == [True, False]
     journal.close()
+
+
+async def test_a_durable_start_and_its_preceding_model_call_are_one_commit(
+        journal_factory: Callable[[int], Journal]) -> None:
+    """The model call that chose a tool costs no commit of its own on the tool's path: the
+    start and its ``preceding`` are one synced transaction (and all or none)."""
+    journal = journal_factory(10_000)
+    statements: list[str] = []
+    journal._conn.set_trace_callback(statements.append)
+
+    def work(record: Any) -> list[bool]:
+        statements.clear()
+        ok = record("tool_call_started", {"n": 2}, True, [("model_call", {"n": 1})])
+        commits = sum(1 for s in statements if s.strip().upper() == "COMMIT")
+        return [ok, commits == 1]
+
+    _, executor = await _run(journal, work)
+    assert executor.verdicts == [True, True]
+    assert [e.event for e in journal.events("a")][1:3] == ["model_call", "tool_call_started"]
+
+
+async def test_a_start_whose_batch_does_not_fit_journals_none_of_it(
+        journal_factory: Callable[[int], Journal]) -> None:
+    # room for one event (started takes one slot, the terminal one is reserved)
+    journal = journal_factory(3)
+
+    def work(record: Any) -> list[bool]:
+        return [record("tool_call_started", {"n": 2}, True, [("model_call", {"n": 1})])]
+
+    _, executor = await _run(journal, work)
+    assert executor.verdicts == [False]
+    assert [e.event for e in journal.events("a")] == ["started", "completed"]
