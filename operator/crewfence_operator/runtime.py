@@ -172,10 +172,19 @@ class Runtime:
     """CrewJob uids whose Workload this process marked Finished (``handlers/kueue.py``)."""
     ttl_tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     """CrewJob uid -> its sleeping TTL deletion (``handlers/ttl.py``)."""
+    wakers: dict[str, asyncio.Event] = field(default_factory=dict)
+    """CrewJob uid -> the event its driver waits on (set by a watch event of the CrewJob or
+    an eviction): a waiting driver costs nothing until then (see ``JobDriver.pause``)."""
     _session: aiohttp.ClientSession | None = None
 
     def resolution_lock(self, namespace: str, name: str) -> asyncio.Lock:
         return self.resolution_locks.setdefault((namespace, name), asyncio.Lock())
+
+    def wake(self, uid: str) -> None:
+        """Something about this CrewJob changed (its object, an eviction): its driver looks."""
+        waker = self.wakers.get(uid)
+        if waker is not None:
+            waker.set()
 
     def forget_resolution_lock(self, namespace: str, name: str) -> None:
         """The CrewJob is gone: its lock goes too (the locks never outnumber the CrewJobs
