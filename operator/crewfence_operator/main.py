@@ -12,7 +12,7 @@ from typing import Any
 
 import kopf
 
-from crewfence_operator import config, readiness
+from crewfence_operator import config, persistence, readiness
 from crewfence_operator import constants as c
 from crewfence_operator.handlers import (
     crew,
@@ -35,7 +35,8 @@ def apply_settings(settings: kopf.OperatorSettings, cfg: config.OperatorConfig,
                    webhook_files: certs.CertFiles | None = None) -> None:
     """kopf identity under crewfence.dev, chosen once (it is stored on every object)."""
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=c.KOPF_PREFIX)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+    # No diff base on CrewJobs: one API write per CrewJob that nothing reads (persistence.py).
+    settings.persistence.diffbase_storage = persistence.DiffBaseExceptCrewJobs(
         prefix=c.KOPF_PREFIX, key="last-handled-configuration")
     settings.persistence.finalizer = c.FINALIZER
     if not cfg.standalone:

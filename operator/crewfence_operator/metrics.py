@@ -35,6 +35,11 @@ SIDECAR_FAILURES = Counter(
     "crewfence_operator_sidecar_failures_total",
     "Failed sidecar calls, by failure category.", ["category"], registry=REGISTRY,
 )
+SIDECAR_REQUESTS = Counter(
+    "crewfence_operator_sidecar_requests_total",
+    "Requests the CrewJob side sent to sidecars, by route (a followed event stream counts "
+    "once when it is opened).", ["route"], registry=REGISTRY,
+)
 FENCED_REPLICAS = Gauge(
     "crewfence_operator_fenced_replicas",
     "Crew replicas fenced because their state claim is mounted by a foreign pod.",
@@ -68,6 +73,10 @@ def observe_admission_seconds(seconds: float) -> None:
 
 def observe_sidecar_failure(category: str) -> None:
     SIDECAR_FAILURES.labels(category=category).inc()
+
+
+def observe_sidecar_request(route: str) -> None:
+    SIDECAR_REQUESTS.labels(route=route).inc()
 
 
 def observe_fenced_replicas(crew_key: str, fenced: int) -> None:

@@ -162,7 +162,8 @@ class Runtime:
     gate: Callable[[Mapping[str, Any], Runtime], Awaitable[Gate]] | None = None
     """The admission gate (``spec.supersedes``): the one place it plugs in."""
     resolution_locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
-    """One resolution step at a time per CrewJob (its event and its retry timer)."""
+    """One resolution step at a time per CrewJob (its event and its retry timer); a lock
+    exists only for a CrewJob that had a resolution step, and goes when the CrewJob does."""
     hold: Callable[[Mapping[str, Any], Mapping[str, Any]], Awaitable[Hold]] | None = None
     """The machine's Hold input (``spec.suspend``, a Kueue Workload): ``workloads.hold``."""
     evictions: dict[str, str] = field(default_factory=dict)
@@ -171,10 +172,26 @@ class Runtime:
     """CrewJob uids whose Workload this process marked Finished (``handlers/kueue.py``)."""
     ttl_tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     """CrewJob uid -> its sleeping TTL deletion (``handlers/ttl.py``)."""
+    wakers: dict[str, asyncio.Event] = field(default_factory=dict)
+    """CrewJob uid -> the event its driver waits on (set by a watch event of the CrewJob or
+    an eviction): a waiting driver costs nothing until then (see ``JobDriver.pause``)."""
     _session: aiohttp.ClientSession | None = None
 
     def resolution_lock(self, namespace: str, name: str) -> asyncio.Lock:
         return self.resolution_locks.setdefault((namespace, name), asyncio.Lock())
+
+    def wake(self, uid: str) -> None:
+        """Something about this CrewJob changed (its object, an eviction): its driver looks."""
+        waker = self.wakers.get(uid)
+        if waker is not None:
+            waker.set()
+
+    def forget_resolution_lock(self, namespace: str, name: str) -> None:
+        """The CrewJob is gone: its lock goes too (the locks never outnumber the CrewJobs
+        that had a resolution step)."""
+        lock = self.resolution_locks.get((namespace, name))
+        if lock is not None and not lock.locked():
+            del self.resolution_locks[(namespace, name)]
 
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:

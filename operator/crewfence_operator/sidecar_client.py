@@ -22,6 +22,8 @@ from crewfence_sidecar import contract
 from crewfence_sidecar.contract import FailureCategory, JobEvent, JobRecord, StartRequest
 from yarl import URL
 
+from crewfence_operator import metrics
+
 MAX_HEALTH_BYTES: Final = 256 * 1024
 MAX_RECORD_BYTES: Final = 16 * 1024 * 1024
 MAX_PAGE_BYTES: Final = 16 * 1024 * 1024
@@ -257,6 +259,7 @@ class SidecarClient:
     async def _call(self, method: str, url: URL, *, limit: int, invocation: bool,
                     body: object = None, headers: dict[str, str] | None = None,
                     ok: tuple[int, ...] = (200,)) -> tuple[int, object, str | None]:
+        metrics.observe_sidecar_request(route_of(method, url))
         try:
             async with self._session.request(
                 method, url, json=body, headers=self._headers(headers),
@@ -461,6 +464,7 @@ class SidecarClient:
         timeout = aiohttp.ClientTimeout(total=None, connect=self.timeouts.connect,
                                         sock_read=self.timeouts.follow_idle)
         headers = self._headers({"Accept": "text/event-stream"})
+        metrics.observe_sidecar_request(route_of("GET", url))
         try:
             async with self._session.get(url, headers=headers, timeout=timeout,
                                          allow_redirects=False, **self._tls()) as resp:
@@ -483,6 +487,14 @@ class SidecarClient:
             raise
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise classify_transport_failure(exc, invocation=False) from None
+
+
+def route_of(method: str, url: URL) -> str:
+    """A bounded metric label: the method and the path with the action id left out."""
+    parts = url.raw_path.split("/")
+    if len(parts) >= 3 and parts[1] == "jobs" and parts[2] != "stream":  # /jobs/{id}[/...]
+        return " ".join((method, "/".join(["/jobs/{id}", *parts[3:]]).rstrip("/")))
+    return f"{method} {url.raw_path}"
 
 
 def parse_events_page(payload: object, cursor: int) -> EventsPage:

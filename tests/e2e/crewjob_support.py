@@ -11,6 +11,7 @@ creates; plain HTTP only for a Crew without a CA (an operator started with
 from __future__ import annotations
 
 import base64
+import hashlib
 import http.client
 import json
 import re
@@ -111,6 +112,27 @@ def wait_phase(cluster: Kubectl, namespace: str, name: str,
         raise AssertionError(f"{exc}; last status: {json.dumps((obj or {}).get('status'))}") \
             from None
     return result
+
+
+def full_output(cluster: Kubectl, namespace: str, obj: Mapping[str, Any]) -> str:
+    """A finished CrewJob's whole output, as a user reads it: ``status.output.value`` when it
+    is not truncated (then no ConfigMap exists), else the ConfigMap it names (owned by this
+    CrewJob); either way its sha256 and size are the ones in status."""
+    out = obj["status"]["output"]
+    name = str(obj["metadata"]["name"])
+    if not out["truncated"]:
+        assert "configMap" not in out, "an output that fits in status needs no ConfigMap"
+        found = cluster.kubectl("get", "configmap", f"{name}-output", "-n", namespace)
+        assert found.returncode != 0, "no ConfigMap is written for an output that fits"
+        text = str(out["value"])
+    else:
+        cm = cluster.get_json("configmap", out["configMap"]["name"], "-n", namespace)
+        assert cm["metadata"]["ownerReferences"][0]["uid"] == obj["metadata"]["uid"]
+        text = str(cm["data"][out["configMap"]["key"]])
+        assert not out["configMap"]["truncated"] and text.startswith(out["value"])
+    assert len(text.encode()) == out["size"]
+    assert hashlib.sha256(text.encode()).hexdigest() == out["sha256"]
+    return text
 
 
 def condition(obj: dict[str, Any], ctype: str) -> dict[str, Any] | None:

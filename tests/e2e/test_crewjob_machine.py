@@ -148,14 +148,18 @@ def test_crew_deleted_with_orphan_and_recreated_continues_the_job(
 
 def test_the_output_configmap_is_this_crewjobs_or_the_status_says_why_not(
         cluster: Cluster, ns: str) -> None:
-    """Issue 19: never point status at a ConfigMap that is not this CrewJob's output."""
+    """Issue 19: never point status at a ConfigMap that is not this CrewJob's output. Only an
+    output larger than status holds (32 KiB) gets a ConfigMap: the topic makes it larger (the
+    CrewOutput repeats each task's description)."""
+    big = "lorem ipsum " * 3000
     foreign = {"apiVersion": "v1", "kind": "ConfigMap",
                "metadata": {"name": "taken-output"}, "data": {"output": "somebody else's"}}
     assert apply_obj(cluster, foreign, ns).returncode == 0
-    assert apply_obj(cluster, crewjob_manifest("taken", "run", {"topic": "cm"}),
+    assert apply_obj(cluster, crewjob_manifest("taken", "run", {"topic": f"cm {big}"}),
                      ns).returncode == 0
     status = wait_phase(cluster, ns, "taken")["status"]
     assert status["phase"] == "Succeeded" and "configMap" not in status["output"]
+    assert status["output"]["truncated"] is True, "the output must not fit in status here"
     assert "does not belong to this CrewJob" in status["output"]["configMapError"]
     kept = cluster.get_json("configmap", "taken-output", "-n", ns)
     assert kept["data"] == {"output": "somebody else's"} and not kept["metadata"].get(
@@ -163,7 +167,7 @@ def test_the_output_configmap_is_this_crewjobs_or_the_status_says_why_not(
 
     # Deleted with --cascade=orphan and re-applied: the earlier object's ConfigMap is taken
     # over by the new CrewJob (owner uid) and still holds the output.
-    job = crewjob_manifest("again", "run", {"topic": "cm again"})
+    job = crewjob_manifest("again", "run", {"topic": f"cm again {big}"})
     assert apply_obj(cluster, job, ns).returncode == 0
     first = wait_phase(cluster, ns, "again")
     cluster.kubectl("delete", "crewjob", "again", "-n", ns, "--cascade=orphan", "--wait=true",

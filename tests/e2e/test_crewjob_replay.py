@@ -6,7 +6,15 @@ from __future__ import annotations
 import json
 
 import yaml
-from crewjob_support import EXAMPLES, apply_obj, crewjob_manifest, wait_crew_ready, wait_phase
+from crewjob_support import (
+    EXAMPLES,
+    apply_obj,
+    crewjob_manifest,
+    full_output,
+    get_job,
+    wait_crew_ready,
+    wait_phase,
+)
 from harness.handles import Cluster, Operator
 
 
@@ -21,15 +29,16 @@ def test_replay_a_task_of_a_previous_run(cluster: Cluster, operator_process: Ope
                      namespace).returncode == 0
     run = wait_phase(cluster, namespace, "first", timeout=300)["status"]
     assert run["phase"] == "Succeeded", json.dumps(run)
-    cm = cluster.get_json("configmap", run["output"]["configMap"]["name"], "-n", namespace)
-    tasks = json.loads(cm["data"]["output"])["tasks_output"]  # CrewOutput, ids added
+    first = get_job(cluster, namespace, "first")
+    assert first is not None
+    tasks = json.loads(full_output(cluster, namespace, first))["tasks_output"]  # ids added
     task_id = tasks[0]["id"]
 
     replay = crewjob_manifest("again", "replay", {"task_id": task_id})
     assert apply_obj(cluster, replay, namespace).returncode == 0
-    status = wait_phase(cluster, namespace, "again", timeout=300)["status"]
+    again = wait_phase(cluster, namespace, "again", timeout=300)
+    status = again["status"]
     assert status["phase"] == "Succeeded", json.dumps(status)
-    output = json.loads(cluster.get_json("configmap", status["output"]["configMap"]["name"],
-                                         "-n", namespace)["data"]["output"])
+    output = json.loads(full_output(cluster, namespace, again))
     assert output["replayed_task_id"] == task_id
     assert status["assignment"]["ordinal"] == run["assignment"]["ordinal"] == 0

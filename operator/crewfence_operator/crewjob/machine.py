@@ -474,7 +474,9 @@ class _Ctx:
             effects, partial = self.mem.effects.summary(), True
         verdict = with_effects(verdict, effects, partial=partial)
         output = bound_output(record.output) if record is not None else None
-        cm = configmap_name(self.obs.name) if output is not None else None
+        # The full text goes to a ConfigMap only when status cannot hold it (output.py).
+        cm = configmap_name(self.obs.name) if output is not None and output.needs_configmap \
+            else None
         extra: dict[str, Any] = {"eventCursor": self.mem.cursor,
                                  "progress": self.mem.progress.to_status()}
         cancellation = self.cancellation_now()

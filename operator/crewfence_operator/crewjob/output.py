@@ -1,4 +1,11 @@
-"""Bounding a job's output: a short copy in status, the full text (≤ 1 MiB) in a ConfigMap."""
+"""Bounding a job's output: up to 32 KiB in status, a larger one (≤ 1 MiB) in a ConfigMap.
+
+Invariant (an output that fits in status needs no ConfigMap): ``status.output`` always holds
+the output's sha256, its size and its first ``STATUS_VALUE_MAX_BYTES``; a ConfigMap is
+written only when that start is not the whole output (:attr:`BoundedOutput.needs_configmap`),
+so a small output costs no API write beyond the terminal status patch. When a ConfigMap is
+used it is this CrewJob's (:func:`configmap_fit`, issue 19).
+"""
 
 from __future__ import annotations
 
@@ -38,6 +45,11 @@ class BoundedOutput:
     status_truncated: bool
     configmap_value: str
     configmap_truncated: bool
+
+    @property
+    def needs_configmap(self) -> bool:
+        """The status copy is not the whole output: only then is a ConfigMap written."""
+        return self.status_truncated
 
     def status_fields(self, configmap_name: str | None) -> dict[str, Any]:
         fields: dict[str, Any] = {

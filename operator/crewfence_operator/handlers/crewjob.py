@@ -136,6 +136,7 @@ class JobDriver:
         self._progress_clock: float | None = None
         """Starts at the first event after ``started`` (the job is executing, not queued)."""
         self._written_cursor = self.memory.cursor
+        self._wake = asyncio.Event()
 
     def _parse_spec(self) -> JobSpec | SpecError:
         try:
@@ -200,9 +201,14 @@ class JobDriver:
     # --- the loop ---------------------------------------------------------------------------
     async def run(self, *, deleting: bool = False) -> None:
         """Decide and carry out until the job is finished (or, deleting, released)."""
-        while not self.done:
-            decision = machine.decide(await self.observe(deleting=deleting))
-            await self.carry_out(decision)
+        self.rt.wakers[self.uid] = self._wake
+        try:
+            while not self.done:
+                decision = machine.decide(await self.observe(deleting=deleting))
+                await self.carry_out(decision)
+        finally:
+            if self.rt.wakers.get(self.uid) is self._wake:
+                del self.rt.wakers[self.uid]
 
     async def carry_out(self, decision: Decision) -> None:
         self._remember(decision.memory)
@@ -257,13 +263,27 @@ class JobDriver:
                  self.status.get("message"))
 
     async def pause(self, seconds: float) -> None:
-        """Wait before looking again; returns early when spec.cancel turns true."""
+        """Wait before looking again; returns early when spec.cancel turns true.
+
+        Invariant (a waiting CrewJob costs nothing per second): the driver sleeps on its
+        waker, set by a watch event of this CrewJob (kopf has updated ``self.body`` by then)
+        or an eviction (``Runtime.wake``), never on a short poll: with thousands of CrewJobs
+        live, a poll per job per quarter second was most of the operator's CPU."""
         deadline = time.monotonic() + seconds
         was_cancelled = self.cancel_requested
         while (remaining := deadline - time.monotonic()) > 0:
-            await asyncio.sleep(min(0.25, remaining))
-            if self.cancel_requested and not was_cancelled:
+            if await self._woken(remaining) and self.cancel_requested and not was_cancelled:
                 return
+
+    async def _woken(self, seconds: float) -> bool:
+        """Wait for the waker (True) or ``seconds`` (False); the waker is cleared first."""
+        self._wake.clear()
+        try:
+            async with asyncio.timeout(seconds):
+                await self._wake.wait()
+        except TimeoutError:
+            return False
+        return True
 
     # --- sidecar calls ----------------------------------------------------------------------
     async def _get(self, replica: Replica) -> Lookup | SidecarFailure:
@@ -315,9 +335,14 @@ class JobDriver:
         result: StreamEnded | SidecarFailure = StreamEnded()
         try:
             while not task.done():
-                await asyncio.wait({task}, timeout=0.25)
+                self._wake.clear()
                 if self.cancel_requested and not self.memory.cancel_confirmed:
                     break
+                woken = asyncio.create_task(self._wake.wait())
+                try:
+                    await asyncio.wait({task, woken}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    woken.cancel()
             if task.done():
                 task.result()
         except SidecarFailure as exc:
@@ -459,9 +484,11 @@ async def crewjob_deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
 @kopf.on.event(c.GROUP, c.VERSION, c.CREWJOB_PLURAL, id="crewjob-phases")
 async def crewjob_phase_tracker(event: Mapping[str, Any], memo: kopf.Memo, **_: Any) -> None:
     """The phase gauge, kept from the watch stream itself (no API calls, no writes)."""
-    phases = runtime_of(memo).phases
+    rt = runtime_of(memo)
+    phases = rt.phases
     obj = event.get("object") or {}
     meta = obj.get("metadata") or {}
+    rt.wake(str(meta.get("uid") or ""))  # e.g. spec.cancel: a waiting driver looks now
     key = (str(meta.get("namespace")), str(meta.get("name")))
     old = phases.get(key)
     status = obj.get("status") or {}

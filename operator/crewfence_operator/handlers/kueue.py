@@ -34,6 +34,7 @@ async def workload_evictions(event: Mapping[str, Any], memo: kopf.Memo, **_: Any
     found = workloads.evicted(obj)
     if found is not None:
         runtime_of(memo).evictions[found[0]] = found[1]
+        runtime_of(memo).wake(found[0])
 
 
 @kopf.on.event(c.GROUP, c.VERSION, c.CREWJOB_PLURAL, id="kueue-workload-finished",

@@ -92,13 +92,16 @@ async def crewjob_resolution(event: Mapping[str, Any], memo: kopf.Memo, **_: Any
     obj = event.get("object") or {}
     meta = obj.get("metadata") or {}
     namespace, name = str(meta.get("namespace")), str(meta.get("name"))
+    runtime = runtime_of(memo)
     if event.get("type") == "DELETED":
         metrics.observe_unresolved_uncertain(namespace, name, None)
+        runtime.forget_resolution_lock(namespace, name)
         return
     metrics.observe_unresolved_uncertain(namespace, name, unresolved_entry(obj))
-    if meta.get("deletionTimestamp"):
+    # Most events have no resolution step (no spec.resolution, or done): no lock, no state.
+    if not has_a_step(obj.get("spec") or {}, obj.get("status") or {}, meta):
         return
-    await carry_out(obj, runtime_of(memo))
+    await carry_out(obj, runtime)
 
 
 def has_a_step(spec: Mapping[str, Any], status: Mapping[str, Any], meta: Mapping[str, Any],

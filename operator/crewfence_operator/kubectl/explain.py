@@ -40,8 +40,36 @@ def evidence(obj: Mapping[str, Any], record: Mapping[str, Any] | None,
         "recovery": status.get("recovery"), "resolution": status.get("resolution"),
         "supersedes": status.get("supersedes"), "supersededBy": status.get("supersededBy"),
         "effects": status.get("effects"), "usage": status.get("usage"),
+        "output": output_location(status.get("output")),
         "sidecar": {"record": record, "events": list(events or []), "note": sidecar_note},
     }
+
+
+def output_location(output: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """Where the whole output is: ``status.output.value`` when it fits (no ConfigMap is then
+    written), else the ConfigMap status names (or why there is none)."""
+    if not output:
+        return None
+    where: dict[str, Any] = {"sha256": output.get("sha256"), "size": output.get("size"),
+                             "truncated": bool(output.get("truncated"))}
+    cm = output.get("configMap") or {}
+    if not where["truncated"]:
+        where["in"] = "status.output.value"
+    elif cm.get("name"):
+        where["in"] = f"ConfigMap {cm['name']} (key {cm.get('key', 'output')})"
+        where["configMapTruncated"] = bool(cm.get("truncated"))
+    else:
+        where["in"] = None
+        where["note"] = output.get("configMapError") or "the full output is not stored"
+    return where
+
+
+def output_line(where: Mapping[str, Any]) -> str:
+    head = f"  Output: {where['size']} bytes, sha256 {where['sha256']}"
+    if where.get("in") is None:
+        return f"{head}; only its start is in status.output.value ({where.get('note')})."
+    cut = " (cut at 1 MiB)" if where.get("configMapTruncated") else ""
+    return f"{head}, whole in {where['in']}{cut}."
 
 
 def explain_text(ev: Mapping[str, Any]) -> str:
@@ -85,6 +113,8 @@ def explain_text(ev: Mapping[str, Any]) -> str:
     else:
         lines.append(f"  The sidecar's record: {sidecar['note']}")
     lines.extend(in_doubt_lines({"effects": ev.get("effects")}))
+    if ev.get("output"):
+        lines.append(output_line(ev["output"]))
     if ev["recovery"]:
         lines.append(f"  Recovery advice: {ev['recovery']}")
     resolution = ev["resolution"] or {}

@@ -23,6 +23,7 @@ from crewfence_operator.crewjob.machine import (
     Wait,
 )
 from crewfence_operator.crewjob.outcome import Phase, Reason
+from crewfence_operator.crewjob.output import STATUS_VALUE_MAX_BYTES
 from crewfence_operator.crewjob.replicas import Replica, ReplicaState, parse_replicas
 from crewfence_operator.crewjob.spec import JobSpec, SpecError
 from crewfence_operator.sidecar_client import Admission, Lookup, SidecarFailure
@@ -313,7 +314,20 @@ def test_terminal_record_finishes_with_the_records_verdict() -> None:
     assert isinstance(d.step, Finish)
     assert (d.step.verdict.phase, d.step.verdict.uncertain) == (Phase.SUCCEEDED, True)
     assert d.patch is not None and d.patch["output"]["value"] == "out"
-    assert d.step.configmap == m.configmap_name("job-1")
+    assert d.step.configmap is None and "configMap" not in d.patch["output"], \
+        "an output that fits in status needs no ConfigMap"
+
+
+def test_an_output_larger_than_status_holds_goes_to_this_crewjobs_configmap() -> None:
+    big = "x" * (STATUS_VALUE_MAX_BYTES + 1)
+    rec = replace(record(Status.COMPLETED), output=big)
+    d = m.decide(obs(replica(0), status=assigned(),
+                     memory=Memory(effects=covered(), lookup=Lookup(record=rec))))
+    assert isinstance(d.step, Finish) and d.step.configmap == m.configmap_name("job-1")
+    assert d.step.output is not None and d.step.output.configmap_value == big
+    out = (d.patch or {})["output"]
+    assert out["truncated"] is True and out["configMap"]["name"] == "job-1-output"
+    assert out["size"] == len(big) and len(out["sha256"]) == 64
 
 
 def test_record_vanishing_after_it_was_seen_is_journal_lost() -> None:

@@ -84,6 +84,22 @@ def test_explain_says_what_is_known_in_words() -> None:
     assert "kubectl crewfence resolve report" in text
 
 
+def test_explain_says_where_the_whole_output_is() -> None:
+    small = {"value": "out", "sha256": "ab" * 32, "size": 3, "truncated": False}
+    text = explain.explain_text(explain.evidence(
+        job("r", {"phase": "Succeeded", "output": small}), None, None, "n/a"))
+    assert f"Output: 3 bytes, sha256 {'ab' * 32}, whole in status.output.value." in text
+    big = {**small, "size": 40000, "truncated": True,
+           "configMap": {"name": "r-output", "key": "output", "truncated": False}}
+    ev = explain.evidence(job("r", {"phase": "Succeeded", "output": big}), None, None, "n/a")
+    assert ev["output"]["in"] == "ConfigMap r-output (key output)"
+    assert "whole in ConfigMap r-output (key output)." in explain.explain_text(ev)
+    foreign = {**big, "configMap": None, "configMapError": "ConfigMap r-output exists and ..."}
+    text = explain.explain_text(explain.evidence(
+        job("r", {"phase": "Succeeded", "output": foreign}), None, None, "n/a"))
+    assert "only its start is in status.output.value (ConfigMap r-output exists" in text
+
+
 def test_kubectl_flags_work_before_and_after_the_subcommand() -> None:
     parser = build_parser()
     args = parser.parse_args(["-n", "a", "uncertain"])
