@@ -31,6 +31,11 @@ Invariants kept here:
   :mod:`crewfence_sidecar.workers.reuse` passed). A cancelled, timed-out or stopped job's
   worker is always signalled and reaped; a worker whose channel ended is never reused, so a
   dead worker fails only its own job. Reused workers are given out first (warmest).
+- A burst finds its workers warm: a reused worker goes back to the pool while busy + idle
+  stay within ``max_live`` (it is live anyway: keeping it adds no process), so a second
+  burst of up to ``max_live`` jobs forks nothing and warms nothing up beside its jobs;
+  idle workers beyond ``max(spares, 1)`` exit once idle for ``idle_seconds`` (least
+  recently used first), so a burst's memory is not held for good.
 - Stop = SIGTERM to the group, ``stop_grace`` seconds, SIGKILL, reap; the
   :class:`~crewfence_sidecar.workers.outcomes.StopReport` goes to the runtime through
   ``JobContext.on_stopped`` before the cancellation propagates.
@@ -60,6 +65,8 @@ DEFAULT_STOP_GRACE_SECONDS = 2.0
 DEFAULT_SPARES = 2
 DEFAULT_MAX_JOBS = BOUNDS["worker_max_jobs"].default
 DEFAULT_MAX_RSS_BYTES = BOUNDS["worker_max_rss_mb"].default * 1024 * 1024
+DEFAULT_IDLE_SECONDS = 60.0
+"""How long an idle worker beyond ``max(spares, 1)`` stays in the pool after a burst."""
 
 
 MAX_ATTEMPTS = 3
@@ -139,22 +146,28 @@ class WorkerExecutor:
     oldest given out first) while ``live workers < max_live``, so spares never push the
     process count past maxConcurrency; without ``max_live`` every job forks its own worker.
     A worker may run up to ``max_jobs`` jobs (worker reuse; 1 = one job per worker); an idle
-    reused worker is kept while the pool holds fewer than ``max(spares, 1)`` workers.
+    reused worker is kept while live workers stay within ``max_live``; beyond
+    ``max(spares, 1)`` idle workers, one idle for ``idle_seconds`` exits.
     """
 
     def __init__(self, supervisor: Supervisor,
                  stop_grace: float = DEFAULT_STOP_GRACE_SECONDS,
                  max_live: int | None = None, spares: int = DEFAULT_SPARES,
                  max_jobs: int = DEFAULT_MAX_JOBS,
-                 max_rss_bytes: int = DEFAULT_MAX_RSS_BYTES) -> None:
+                 max_rss_bytes: int = DEFAULT_MAX_RSS_BYTES,
+                 idle_seconds: float = DEFAULT_IDLE_SECONDS) -> None:
         self.supervisor = supervisor
         self.stop_grace = stop_grace
         self.max_live = max_live
         self.spares = spares
         self.max_jobs = max_jobs
         self.max_rss_bytes = max_rss_bytes
+        self.idle_seconds = idle_seconds
         self.stats = WorkerStats([])
         self._spares: deque[WorkerHandle] = deque()
+        self._idle_since: dict[int, float] = {}
+        """Per pooled worker (``request_id``): the loop time it became idle (or was forked)."""
+        self._trim_timer: asyncio.TimerHandle | None = None
 
     @property
     def spare_pids(self) -> list[int]:
@@ -163,6 +176,7 @@ class WorkerExecutor:
     def _take_worker(self) -> WorkerHandle:
         while self._spares:
             spare = self._spares.popleft()
+            self._idle_since.pop(spare.request_id, None)
             if not spare.exited.done() and not (
                     spare.forked.done() and spare.forked.exception() is not None):
                 return spare
@@ -175,11 +189,41 @@ class WorkerExecutor:
             return
         while (len(self._spares) < self.spares
                and self.supervisor.live_workers + 1 <= self.max_live):
-            self._spares.append(self.supervisor.request_fork(spare=True))
+            spare = self.supervisor.request_fork(spare=True)
+            self._idle_since[spare.request_id] = asyncio.get_running_loop().time()
+            self._spares.append(spare)
+
+    def _keep_idle(self) -> int:
+        """Idle workers the pool keeps however long they wait: ``max(spares, 1)``."""
+        return max(self.spares, 1)
+
+    def _schedule_trim(self) -> None:
+        if self._trim_timer is not None or len(self._spares) <= self._keep_idle():
+            return
+        self._trim_timer = asyncio.get_running_loop().call_later(self.idle_seconds,
+                                                                 self._trim)
+
+    def _trim(self) -> None:
+        """Let idle workers beyond ``max(spares, 1)`` that waited ``idle_seconds`` exit,
+        least recently used (the pool's end) first."""
+        self._trim_timer = None
+        now = asyncio.get_running_loop().time()
+        while len(self._spares) > self._keep_idle():
+            oldest = self._spares[-1]
+            if now - self._idle_since.get(oldest.request_id, now) < self.idle_seconds:
+                break
+            self._spares.pop()
+            self._idle_since.pop(oldest.request_id, None)
+            oldest.close()  # it exits; counted as live until the template reaped it
+        self._schedule_trim()
 
     async def close(self) -> None:
         """End the spares (their channels close, they exit without a job); wait for reaps."""
         spares, self._spares = list(self._spares), deque()
+        self._idle_since.clear()
+        if self._trim_timer is not None:
+            self._trim_timer.cancel()
+            self._trim_timer = None
         for spare in spares:
             spare.close()
         for spare in spares:
@@ -194,12 +238,18 @@ class WorkerExecutor:
         self._refill()
 
     def _put_back(self, handle: WorkerHandle) -> bool:
-        """Return an idle worker to the pool (first in line); False when it cannot stay."""
+        """Return an idle worker to the pool (first in line); False when it cannot stay.
+
+        It stays while the pool holds fewer than ``max_live`` workers: it is live already,
+        so busy + idle stay within ``max_live``; those beyond ``max(spares, 1)`` exit after
+        ``idle_seconds`` without a job (:meth:`_trim`)."""
         if (self.max_live is None or not self.supervisor.available or handle.exited.done()
-                or len(self._spares) >= max(self.spares, 1)):
+                or len(self._spares) >= self.max_live):
             return False
         handle.spare = True  # its next start includes waiting: not a start latency
         self._spares.appendleft(handle)
+        self._idle_since[handle.request_id] = asyncio.get_running_loop().time()
+        self._schedule_trim()
         return True
 
     async def __call__(self, ctx: JobContext) -> Any:

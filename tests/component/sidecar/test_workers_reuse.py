@@ -333,3 +333,51 @@ async def test_a_worker_over_the_resident_set_bound_is_not_reused(
         c.executor.stats.not_reused
     _assert_completed(await _run(c, "heavy-2"), "heavy-2")
     assert _pid(worker_template, "heavy-2") != heavy
+
+
+async def _burst(c: Any, tag: str, n: int) -> list[str]:
+    """``n`` blocking runs at once, each held in its model call for a second (so they
+    overlap and need ``n`` workers); their action ids."""
+    import asyncio
+
+    ids = [f"{tag}-{i}" for i in range(n)]
+
+    async def one(action_id: str) -> None:
+        r = await c.post("/jobs", json=start_body(action_id, crew_id="tagged",
+                                                  topic=f"TAG-{action_id} [[sleep:1]]"),
+                         headers=headers(action_id))
+        assert r.status == 200, await r.text()
+
+    await asyncio.gather(*(one(a) for a in ids))
+    return ids
+
+
+async def test_a_burst_leaves_its_workers_warm_for_the_next_burst(
+        make_worker_client: Any, worker_template: Template) -> None:
+    """Invariant (a burst finds its workers warm): every worker of a burst of maxConcurrency
+    jobs goes back to the pool (busy + idle stay within maxConcurrency), not only
+    ``max(spares, 1)`` of them, so the next burst runs in the same warm workers and forks
+    none beside its jobs."""
+    c = await make_worker_client(CREWFENCE_MAX_CONCURRENCY="3", CREWFENCE_WORKER_SPARES="1")
+    first = {_pid(worker_template, a) for a in await _burst(c, "burst1", 3)}
+    assert len(first) == 3
+    await until(lambda: set(c.executor.spare_pids) >= first, "the burst's workers to be idle")
+    second = {_pid(worker_template, a) for a in await _burst(c, "burst2", 3)}
+    assert second == first, c.executor.stats.not_reused
+    assert c.executor.stats.reused_jobs == 3
+
+
+async def test_idle_workers_beyond_the_spares_exit_after_the_idle_time(
+        make_worker_client: Any, worker_template: Template) -> None:
+    """Invariant (a burst's memory is not held for good): idle workers beyond
+    ``max(spares, 1)`` exit once idle for ``idle_seconds``; the pool keeps
+    ``max(spares, 1)``."""
+    c = await make_worker_client(CREWFENCE_MAX_CONCURRENCY="3", CREWFENCE_WORKER_SPARES="1")
+    c.executor.idle_seconds = 0.5
+    first = {_pid(worker_template, a) for a in await _burst(c, "trim", 3)}
+    assert len(first) == 3
+    await until(lambda: (len(c.executor.spare_pids) == 1
+                         and sum(alive(pid) for pid in first) == 1),
+                "two of the burst's three workers to exit, one to stay pooled")
+    assert set(c.executor.spare_pids) <= first
+    await _nothing_left(c, worker_template)
