@@ -24,7 +24,6 @@ import argparse
 import asyncio
 import json
 import os
-import ssl
 import statistics
 import sys
 import tempfile
@@ -40,31 +39,12 @@ from bench_sidecar import (
     CREWS,
     await_quiet,
     ms,
+    mtls_pki,
     pct,
     private_dir,
     start_sidecar,
     wait_listening,
 )
-from crewfence_operator.transport import certs
-
-
-def _pki(base: Path) -> tuple[dict[str, str], ssl.SSLContext]:
-    """Server files (env for the sidecar) and the client's context."""
-    ca = certs.new_ca("bench crew CA")
-    server = certs.issue(ca, "127.0.0.1", hosts=["127.0.0.1"], server=True)
-    client = certs.issue(ca, "bench-operator", server=False, client=True)
-    d = private_dir(base, "pki")
-    (d / "ca.crt").write_bytes(ca.cert_pem)
-    (d / "tls.crt").write_bytes(server.cert_pem)
-    certs.write_private(d / "tls.key", server.key_pem)
-    (d / "client.crt").write_bytes(client.cert_pem)
-    certs.write_private(d / "client.key", client.key_pem)
-    ctx = ssl.create_default_context(cafile=str(d / "ca.crt"))
-    ctx.load_cert_chain(d / "client.crt", d / "client.key")
-    env = {"CREWFENCE_TLS_CERT_FILE": str(d / "tls.crt"),
-           "CREWFENCE_TLS_KEY_FILE": str(d / "tls.key"),
-           "CREWFENCE_TLS_CLIENT_CA_FILE": str(d / "ca.crt")}
-    return env, ctx
 
 
 async def _run(session: aiohttp.ClientSession, url: str, action_id: str, topic: str) -> float:
@@ -83,7 +63,7 @@ async def run_benchmark(base: Path, runs: int, pairs: int) -> dict[str, Any]:
 
     crews = base / "crews.yaml"
     crews.write_text(CREWS)
-    tls_env, ctx = _pki(base)
+    tls_env, ctx = mtls_pki(base)
     lat: dict[str, list[float]] = {"plain": [], "tls_fresh": [], "tls_pooled": [],
                                    "inproc": []}
     for k in range(pairs):

@@ -9,10 +9,16 @@ between ONE sidecar (one worker) and ONE in-process interpreter measures those t
 luck as much as the sidecar's overhead, so the benchmarks compare several fresh pairs and pool
 their samples.
 
-Protocol (one line each): the runner prints ``ready <pid>`` once it has built and run the crew
-once (warm); then for every ``run <topic>`` line it builds the crew and awaits ``akickoff``
-and prints the seconds that took (``perf_counter`` in this process: no IPC in the figure);
-``quit`` or end of input ends it.
+Protocol (one line each): the runner prints ``ready <pid>`` once it has built and run each
+crew once (warm); then for every ``run <crew_id> <topic>`` line it builds the crew and awaits
+``akickoff`` and prints the seconds that took (``perf_counter`` in this process: no IPC in
+the figure); for ``run4 <crew_id> <topic>`` it does that four times at once (one event loop,
+``asyncio.gather``: what one in-process sidecar does with four concurrent jobs) and prints
+the four durations on one line; ``quit`` or end of input ends it.
+
+The crews are ``bench_sidecar.CREWS`` (``research``) and, with ``--registry``, the registry
+crews of that ``module:attribute`` (``bench_registry``), loaded by the sidecar's own
+``CrewCatalog``.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 os.environ.update({"CREWAI_DISABLE_TELEMETRY": "true", "CREWAI_TRACING_ENABLED": "false",
                    "OTEL_SDK_DISABLED": "true", "CREWAI_DISABLE_TRACKING": "true"})
@@ -38,11 +45,15 @@ class InProcessRunner:
         return self.proc.pid
 
     @classmethod
-    async def start(cls, crews: Path, storage_dir: Path) -> InProcessRunner:
-        env = {**os.environ, "CREWAI_STORAGE_DIR": str(storage_dir)}
+    async def start(cls, crews: Path, storage_dir: Path,
+                    registry: str | None = None) -> InProcessRunner:
+        env = {**os.environ, "CREWAI_STORAGE_DIR": str(storage_dir),
+               "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parent),
+                                              os.environ.get("PYTHONPATH", "")])}
+        extra = ["--registry", registry] if registry else []
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, __file__, str(crews), env=env, stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE)
+            sys.executable, __file__, str(crews), *extra, env=env,
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
         return cls(proc)
 
     async def _line(self) -> str:
@@ -57,11 +68,18 @@ class InProcessRunner:
         if not line.startswith("ready "):
             raise SystemExit(f"the in-process runner said {line!r}")
 
-    async def run(self, topic: str) -> float:
+    async def run(self, topic: str, crew_id: str = "research") -> float:
         assert self.proc.stdin is not None
-        self.proc.stdin.write(f"run {topic}\n".encode())
+        self.proc.stdin.write(f"run {crew_id} {topic}\n".encode())
         await self.proc.stdin.drain()
         return float(await self._line())
+
+    async def run4(self, topic: str, crew_id: str = "research") -> list[float]:
+        """Four runs at once in the runner's one event loop; their durations."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(f"run4 {crew_id} {topic}\n".encode())
+        await self.proc.stdin.drain()
+        return [float(x) for x in (await self._line()).split()]
 
     async def close(self) -> None:
         if self.proc.returncode is None and self.proc.stdin is not None:
@@ -74,22 +92,34 @@ class InProcessRunner:
                 await self.proc.wait()
 
 
-async def _serve(crews: Path) -> None:
+async def _timed(catalog: Any, crew_id: str, topic: str) -> float:
+    t = time.perf_counter()
+    await catalog.build(crew_id).akickoff(inputs={"topic": topic})
+    return time.perf_counter() - t
+
+
+async def _serve(crews: Path, registry: str | None) -> None:
     from crewfence_sidecar.crews import CrewCatalog
 
-    catalog = CrewCatalog.load(None, crews)
-    await catalog.build("research").akickoff(inputs={"topic": "warm"})
+    catalog = CrewCatalog.load(registry, crews)
+    for crew_id in catalog.crew_ids():
+        await _timed(catalog, crew_id, "warm")
     print(f"ready {os.getpid()}", flush=True)
     loop = asyncio.get_running_loop()
     while True:
         line = (await loop.run_in_executor(None, sys.stdin.readline)).strip()
         if not line or line == "quit":
             return
-        topic = line.removeprefix("run ")
-        t = time.perf_counter()
-        await catalog.build("research").akickoff(inputs={"topic": topic})
-        print(f"{time.perf_counter() - t:.9f}", flush=True)
+        command, crew_id, topic = line.split(" ", 2)
+        if command == "run4":
+            took = await asyncio.gather(*(_timed(catalog, crew_id, f"{topic} {k}")
+                                          for k in range(4)))
+            print(" ".join(f"{x:.9f}" for x in took), flush=True)
+        else:
+            print(f"{await _timed(catalog, crew_id, topic):.9f}", flush=True)
 
 
 if __name__ == "__main__":
-    asyncio.run(_serve(Path(sys.argv[1])))
+    args = sys.argv[1:]
+    registry_arg = args[args.index("--registry") + 1] if "--registry" in args else None
+    asyncio.run(_serve(Path(args[0]), registry_arg))

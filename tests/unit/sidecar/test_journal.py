@@ -307,3 +307,43 @@ def test_an_expired_tombstone_is_not_imported(jpath: Path) -> None:
     assert (result.imported, result.known) == (1, 1)
     assert j.tombstone("x") is None and j.tombstone("y") is not None
     j.close()
+
+
+def _wal_bytes(path: Path) -> int:
+    wal = path.with_name(path.name + "-wal")
+    return wal.stat().st_size if wal.exists() else 0
+
+
+def test_open_grows_the_wal_so_commits_overwrite_it(jpath: Path) -> None:
+    """Invariant (commits overwrite the WAL, not append to it): once open, the WAL file has
+    its steady size, admissions and completions do not grow it, and the room was made by a
+    rolled-back transaction: no table, record or event of it exists, before or after a
+    restart, and the journal passes SQLite's integrity check."""
+    from crewfence_sidecar.journal import WAL_ROOM_FRAMES
+
+    _open(jpath).close()  # a clean close checkpoints and removes the WAL
+    assert _wal_bytes(jpath) == 0
+    j = _open(jpath)
+    grown = _wal_bytes(jpath)
+    assert grown >= WAL_ROOM_FRAMES * 4096
+    for i in range(50):
+        j.admit(_record(f"g{i}"), {"pad": "p" * 200})
+        j.finish(f"g{i}", Status.COMPLETED, output={"raw": "r"}, error=None,
+                 uncertain=False, event_data={"output": {"raw": "r"}})
+    assert _wal_bytes(jpath) == grown
+    tables = {r[0] for r in j._conn.execute("SELECT name FROM sqlite_master")}
+    assert "crewfence_wal_room" not in tables
+    assert j._conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    j.close()
+    j2 = _open(jpath)
+    assert len(j2.records) == 50 and all(r.status is Status.COMPLETED
+                                         for r in j2.records.values())
+    assert j2._conn.execute("SELECT count(*) FROM events").fetchone()[0] == 100
+    j2.close()
+
+
+def test_the_wal_is_not_grown_past_a_quarter_of_the_state_bound(jpath: Path) -> None:
+    j = _open(jpath, max_state_bytes=8 * 1024 * 1024)
+    assert _wal_bytes(jpath) < 1024 * 1024
+    j.admit(_record("small"), {})
+    j.close()
