@@ -191,8 +191,13 @@ def _record_headers(request: web.Request, admission: Admission | None = None,
 
 
 def _gone(g: Gone) -> web.Response:
-    return _json(410, {**error_body("archived", "this action was archived; it is never run "
-                                    "again"), "tombstone": g.tombstone.to_wire()})
+    """410 with the tombstone; its message names the findings kept with it (a successor route
+    on an archived predecessor says which resolution and claim the journal holds)."""
+    message = "this action was archived; it is never run again"
+    kept = g.tombstone.findings_summary()
+    if kept:
+        message = f"{message}; {kept}"
+    return _json(410, {**error_body("archived", message), "tombstone": g.tombstone.to_wire()})
 
 
 def _draining() -> web.Response:
