@@ -83,7 +83,8 @@ async def ask_journals(runtime: Runtime, namespace: str, crew_name: str,
                 answers.append(JournalAnswer(replica.ordinal, Answer.NOT_FOUND))
                 continue
             if exc.http_status == 410:
-                answers.append(JournalAnswer(replica.ordinal, Answer.ARCHIVED))
+                answers.append(JournalAnswer(replica.ordinal, Answer.ARCHIVED,
+                                             message=exc.message))
                 return answers, None
             if exc.http_status == 409:
                 answers.append(JournalAnswer(replica.ordinal, Answer.REFUSED, code=exc.code,

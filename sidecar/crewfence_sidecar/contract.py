@@ -657,11 +657,25 @@ def parse_tombstone_page_query(after: str | None, raw_limit: str | None) -> tupl
     return after or "", limit
 
 
+MAX_TOMBSTONE_PAGE_BYTES: Final = MAX_BODY_BYTES // 2
+"""A page of tombstones stops before this many bytes (findings carry notes and evidence), so
+the import of a page (``POST /admin/tombstones``) always fits a request body."""
+
+
 def tombstone_page(stones: list[Tombstone], limit: int) -> dict[str, Any]:
-    """The answer of ``GET /admin/tombstones``: a page in action-id order, and where to go on."""
-    more = len(stones) == limit
-    return {"tombstones": [t.to_wire() for t in stones],
-            "next_after": stones[-1].action_id if more and stones else None}
+    """The answer of ``GET /admin/tombstones``: a page in action-id order, and where to go on
+    (cut short, never empty, when its findings would make it over MAX_TOMBSTONE_PAGE_BYTES)."""
+    wires: list[dict[str, Any]] = []
+    size = 0
+    for stone in stones:
+        wire = stone.to_wire()
+        size += len(json.dumps(wire, ensure_ascii=False).encode("utf-8")) + 1
+        if wires and size > MAX_TOMBSTONE_PAGE_BYTES:
+            break
+        wires.append(wire)
+    more = len(wires) < len(stones) or len(stones) == limit
+    return {"tombstones": wires,
+            "next_after": wires[-1]["action_id"] if more and wires else None}
 
 
 def parse_tombstone_import(body: object) -> tuple[Tombstone, ...]:
@@ -801,14 +815,36 @@ class Tombstone:
     status: Status
     archived_at: str
     uncertain_outcome: bool = False
+    resolution: JobEvent | None = None
+    """The record's journaled ``resolution`` event, kept with the tombstone (or written on it
+    after the archive): a person's finding is written once and outlives the record."""
+    successor: JobEvent | None = None
+    """The record's journaled ``successor`` claim (its data says whether it resumes)."""
 
     def to_wire(self) -> dict[str, Any]:
-        return {
+        wire: dict[str, Any] = {
             "action_id": self.action_id, "crew_id": self.crew_id, "operation": self.operation,
             "request_hash": self.request_hash, "status": self.status.value,
             "archived_at": self.archived_at, "uncertain_outcome": self.uncertain_outcome,
             "archived": True,
         }
+        if self.resolution is not None:
+            wire["resolution"] = self.resolution.to_wire()
+        if self.successor is not None:
+            wire["successor"] = self.successor.to_wire()
+        return wire
+
+    def findings_summary(self) -> str:
+        """The findings kept with it, in words ("" when none)."""
+        said: list[str] = []
+        if self.resolution is not None:
+            said.append(f"its journaled resolution is {self.resolution.data.get('outcome')} "
+                        f"(journal event {self.resolution.sequence})")
+        if self.successor is not None:
+            kind = "resuming successor" if self.successor.data.get("resume") else "successor"
+            said.append(f"its one {kind} is action "
+                        f"{self.successor.data.get('successor_action_id')!r}")
+        return " and ".join(said)
 
     @classmethod
     def from_wire(cls, raw: dict[str, Any]) -> Tombstone:
@@ -822,7 +858,21 @@ class Tombstone:
                    operation=Operation(raw["operation"]).value,
                    request_hash=_hex_digest(raw["request_hash"]),
                    status=Status(raw["status"]), archived_at=str(raw["archived_at"]),
-                   uncertain_outcome=uncertain)
+                   uncertain_outcome=uncertain,
+                   resolution=_tombstone_finding(raw, "resolution", RESOLUTION_EVENT),
+                   successor=_tombstone_finding(raw, "successor", SUCCESSOR_EVENT))
+
+
+def _tombstone_finding(raw: dict[str, Any], key: str, name: str) -> JobEvent | None:
+    """A finding carried by a tombstone's wire form: an event of exactly that name."""
+    found = raw.get(key)
+    if found is None:
+        return None
+    if not isinstance(found, dict) or found.get("event") != name \
+            or not isinstance(found.get("data"), dict) or not _is_int(found.get("sequence")) \
+            or found["sequence"] < 0:
+        raise ValueError(f"{key} must be a {name!r} event")
+    return JobEvent.from_wire(found)
 
 
 def events_page(action_id: str, cursor: int, status: Status,

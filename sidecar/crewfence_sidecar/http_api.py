@@ -191,8 +191,13 @@ def _record_headers(request: web.Request, admission: Admission | None = None,
 
 
 def _gone(g: Gone) -> web.Response:
-    return _json(410, {**error_body("archived", "this action was archived; it is never run "
-                                    "again"), "tombstone": g.tombstone.to_wire()})
+    """410 with the tombstone; its message names the findings kept with it (a successor route
+    on an archived predecessor says which resolution and claim the journal holds)."""
+    message = "this action was archived; it is never run again"
+    kept = g.tombstone.findings_summary()
+    if kept:
+        message = f"{message}; {kept}"
+    return _json(410, {**error_body("archived", message), "tombstone": g.tombstone.to_wire()})
 
 
 def _draining() -> web.Response:
@@ -390,14 +395,13 @@ async def mark_recorded(request: web.Request) -> web.StreamResponse:
 
 async def resolve_job(request: web.Request) -> web.StreamResponse:
     """Journal a person's resolution of a finished job: 201 when journaled now, 200 when an
-    identical resolution was journaled before (idempotent), 409 for a different one."""
+    identical resolution was journaled before (idempotent), 409 for a different one; the same
+    for an archived job, from the finding kept with its tombstone."""
     action_id = request.match_info["action_id"]
     req = parse_resolution_request(await _read_json(request), action_id)
     rt = _runtime(request)
     try:
-        event, created = rt.resolve(req)
-    except Gone as g:
-        return _gone(g)
+        event, created = rt.resolve(req)  # an archived action answers from its tombstone
     except JournalUnavailable as exc:
         return _unavailable(exc)
     record = rt.journal.get(action_id)

@@ -34,6 +34,7 @@ from crewfence_sidecar.contract import (
     Status,
     Tombstone,
     TombstoneImportResult,
+    finding_of,
 )
 from crewfence_sidecar.fencing import create_journal_file
 
@@ -74,6 +75,16 @@ CREATE TABLE IF NOT EXISTS tombstones (
     uncertain_outcome INTEGER NOT NULL,
     archived_at TEXT NOT NULL
 );
+-- The findings that fence an archived action (its resolution and successor claim events),
+-- kept with its tombstone: a person's finding and the one-successor claim are written once
+-- and outlive the record. A table of its own, so an older journal opens unchanged.
+CREATE TABLE IF NOT EXISTS tombstone_findings (
+    action_id TEXT NOT NULL,
+    event TEXT NOT NULL,
+    sequence INTEGER NOT NULL,
+    data TEXT NOT NULL,
+    PRIMARY KEY (action_id, event)
+) WITHOUT ROWID;
 -- Terminal records whose outcome a client (the operator) has recorded elsewhere (its
 -- CrewJob's status): recorded_only retention archives only these (and very old others).
 CREATE TABLE IF NOT EXISTS recorded (
@@ -89,6 +100,10 @@ _ARCHIVE_BY_AGE: Final = (
     "SELECT action_id, crew_id, operation, request_hash, status, uncertain_outcome "
     "FROM records INDEXED BY records_terminal_by_age "
     "WHERE status != 'running' AND updated_at <= ? ORDER BY updated_at")
+_FINDING_EVENTS: Final = (RESOLUTION_EVENT, SUCCESSOR_EVENT)
+_KEEP_FINDINGS: Final = (
+    "INSERT INTO tombstone_findings SELECT action_id, event, sequence, data FROM events "
+    "WHERE action_id = ? AND event IN (?, ?)")
 _ARCHIVE_RECORDED_BY_AGE: Final = (
     "SELECT action_id, crew_id, operation, request_hash, status, uncertain_outcome "
     "FROM records INDEXED BY records_terminal_by_age "
@@ -130,6 +145,29 @@ def resume_pending(facts: ResumeFacts) -> bool:
     """A resuming successor was claimed for this record and has not ended; pure."""
     return (facts.claim is not None and facts.claim.get("resume") is True
             and not facts.successor_ended)
+
+
+def _same_finding(name: str, a: JobEvent, b: JobEvent) -> bool:
+    """Two journals' copies of one finding agree (who re-sent it and when do not count)."""
+    if name == RESOLUTION_EVENT:
+        return finding_of(a.data) == finding_of(b.data)
+    return (a.data.get("successor_action_id") == b.data.get("successor_action_id")
+            and a.data.get("resume") is b.data.get("resume"))
+
+
+def _missing_findings(have: Tombstone, offered: Tombstone) -> list[JobEvent] | None:
+    """The offered tombstone's findings ``have`` lacks; None when one disagrees (a conflict:
+    a finding is written once, never merged over); pure."""
+    missing: list[JobEvent] = []
+    for name, mine, theirs in ((RESOLUTION_EVENT, have.resolution, offered.resolution),
+                               (SUCCESSOR_EVENT, have.successor, offered.successor)):
+        if theirs is None:
+            continue
+        if mine is None:
+            missing.append(theirs)
+        elif not _same_finding(name, mine, theirs):
+            return None
+    return missing
 
 
 class JournalError(Exception):
@@ -521,24 +559,46 @@ class Journal:
         return utc_iso(datetime.now(UTC) - timedelta(seconds=seconds))
 
     def expire_tombstones(self) -> int:
-        """Delete the tombstones past the retention (durably); how many went."""
+        """Delete the tombstones past the retention, and their findings (durably); how many
+        went."""
         cutoff = self.tombstone_cutoff()
         if not cutoff:
             return 0
         with self._tx() as conn:
+            conn.execute("DELETE FROM tombstone_findings WHERE action_id IN "
+                         "(SELECT action_id FROM tombstones WHERE archived_at <= ?)", (cutoff,))
             gone = conn.execute("DELETE FROM tombstones WHERE archived_at <= ?", (cutoff,))
         return int(gone.rowcount or 0)
 
+    def _tombstone_findings(self, action_ids: list[str]) -> dict[tuple[str, str], JobEvent]:
+        """The findings kept with these tombstones, by (action id, event name)."""
+        if not action_ids:
+            return {}
+        rows = self._conn.execute(
+            "SELECT action_id, event, sequence, data FROM tombstone_findings "
+            "WHERE action_id IN (SELECT value FROM json_each(?))",
+            (dumps(action_ids),)).fetchall()
+        return {(r["action_id"], r["event"]): JobEvent(event=r["event"], sequence=r["sequence"],
+                                                       data=json.loads(r["data"]))
+                for r in rows}
+
+    def _stones_from_rows(self, rows: list[sqlite3.Row]) -> list[Tombstone]:
+        found = self._tombstone_findings([r["action_id"] for r in rows])
+        return [Tombstone(action_id=r["action_id"], crew_id=r["crew_id"],
+                          operation=r["operation"], request_hash=r["request_hash"],
+                          status=_STATUS[r["status"]], archived_at=r["archived_at"],
+                          uncertain_outcome=bool(r["uncertain_outcome"]),
+                          resolution=found.get((r["action_id"], RESOLUTION_EVENT)),
+                          successor=found.get((r["action_id"], SUCCESSOR_EVENT)))
+                for r in rows]
+
     def tombstone(self, action_id: str) -> Tombstone | None:
-        row = self._conn.execute("SELECT * FROM tombstones WHERE action_id = ? "
-                                 "AND archived_at > ?",
-                                 (action_id, self.tombstone_cutoff())).fetchone()
-        if row is None:
-            return None
-        return Tombstone(action_id=row["action_id"], crew_id=row["crew_id"],
-                         operation=row["operation"], request_hash=row["request_hash"],
-                         status=Status(row["status"]), archived_at=row["archived_at"],
-                         uncertain_outcome=bool(row["uncertain_outcome"]))
+        """The action's unexpired tombstone, with the findings kept with it."""
+        rows = self._conn.execute("SELECT * FROM tombstones WHERE action_id = ? "
+                                  "AND archived_at > ?",
+                                  (action_id, self.tombstone_cutoff())).fetchall()
+        stones = self._stones_from_rows(rows)
+        return stones[0] if stones else None
 
     def tombstones(self) -> list[Tombstone]:
         rows = self._conn.execute("SELECT action_id FROM tombstones ORDER BY archived_at")
@@ -553,10 +613,7 @@ class Journal:
         rows = self._conn.execute(
             "SELECT * FROM tombstones WHERE action_id > ? AND archived_at > ? "
             "ORDER BY action_id LIMIT ?", (after, self.tombstone_cutoff(), limit)).fetchall()
-        return [Tombstone(action_id=r["action_id"], crew_id=r["crew_id"],
-                          operation=r["operation"], request_hash=r["request_hash"],
-                          status=_STATUS[r["status"]], archived_at=r["archived_at"],
-                          uncertain_outcome=bool(r["uncertain_outcome"])) for r in rows]
+        return self._stones_from_rows(rows)
 
     def events(self, action_id: str, cursor: int = 0, limit: int = 1000) -> list[JobEvent]:
         rows = self._conn.execute(
@@ -579,6 +636,8 @@ class Journal:
         with self._tx() as conn:
             # an expired tombstone of this action id (tombstone() above said none answers)
             conn.execute("DELETE FROM tombstones WHERE action_id = ?", (record.action_id,))
+            conn.execute("DELETE FROM tombstone_findings WHERE action_id = ?",
+                         (record.action_id,))
             conn.execute(
                 "INSERT INTO records VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (record.action_id, record.crew_id, record.operation, record.request_hash,
@@ -715,7 +774,12 @@ class Journal:
                            successor_ended=ended)
 
     def archive(self, action_id: str) -> Tombstone:
-        """Remove a terminal record and its events, leaving a tombstone."""
+        """Remove a terminal record and its events, leaving a tombstone.
+
+        Invariant (findings outlive the record): the record's ``resolution`` and ``successor``
+        events stay with its tombstone (``tombstone_findings``, the same transaction), so a
+        later resolution is answered from the journaled finding, never written a second time.
+        """
         record = self.records[action_id]
         if not record.terminal:
             raise ValueError("only terminal records can be archived")
@@ -724,6 +788,7 @@ class Journal:
                           status=record.status, archived_at=utc_now(),
                           uncertain_outcome=record.uncertain_outcome)
         with self._tx() as conn:
+            conn.execute(_KEEP_FINDINGS, (action_id, *_FINDING_EVENTS))
             conn.execute("DELETE FROM events WHERE action_id = ?", (action_id,))
             conn.execute("DELETE FROM recorded WHERE action_id = ?", (action_id,))
             conn.execute("DELETE FROM records WHERE action_id = ?", (action_id,))
@@ -732,7 +797,7 @@ class Journal:
                           stone.status.value, int(stone.uncertain_outcome), stone.archived_at))
         del self.records[action_id]
         self._unloaded.discard(action_id)
-        return stone
+        return self.tombstone(action_id) or stone
 
     def archive_older_than(self, cutoff: str,
                            unrecorded_cutoff: str | None = None) -> list[Tombstone]:
@@ -743,7 +808,8 @@ class Journal:
         Invariant (retention never races the operator): a record whose outcome the operator
         has not written into its CrewJob yet keeps its output.
 
-        Each archived record leaves the same tombstone as :meth:`archive`. The records are
+        Each archived record leaves the same tombstone as :meth:`archive`, its findings kept
+        with it. The records are
         found through the partial index ``records_terminal_by_age``: the cost follows the
         number archived, not the number retained.
         """
@@ -762,6 +828,7 @@ class Journal:
                       for r in rows
                       if not (r[5] and kept_for_resume(self.resume_facts(r[0])))]
             for stone in stones:
+                conn.execute(_KEEP_FINDINGS, (stone.action_id, *_FINDING_EVENTS))
                 conn.execute("DELETE FROM events WHERE action_id = ?", (stone.action_id,))
                 conn.execute("DELETE FROM recorded WHERE action_id = ?", (stone.action_id,))
                 conn.execute("DELETE FROM records WHERE action_id = ?", (stone.action_id,))
@@ -775,15 +842,20 @@ class Journal:
         return stones
 
     def import_tombstones(self, stones: Iterable[Tombstone]) -> TombstoneImportResult:
-        """Take over another journal's tombstones (one durable transaction).
+        """Take over another journal's tombstones, with their findings (one durable
+        transaction).
 
         Invariant (a tombstone outlives its replica): an imported tombstone answers exactly
-        like one archived here (410 for an identical request, 409 for another). Nothing here
-        is ever overwritten: an action id this journal holds as a record, or as a tombstone of
-        another request, is a conflict, reported and left as it is. An identical tombstone is
-        ``known``, so a repeated hand-over changes nothing.
+        like one archived here (410 for an identical request, 409 for another; its journaled
+        resolution and successor claim as they were written). Nothing here is ever
+        overwritten: an action id this journal holds as a record, as a tombstone of another
+        request, or as a tombstone with a different finding (resolution or successor claim),
+        is a conflict, reported and left as it is. An identical tombstone is ``known`` (a
+        repeated hand-over changes nothing); a finding this journal's tombstone lacks is added
+        (write once: it had none).
         """
         imported: list[Tombstone] = []
+        added: list[tuple[str, JobEvent]] = []
         known = 0
         conflicts: list[str] = []
         cutoff = self.tombstone_cutoff()
@@ -797,20 +869,31 @@ class Journal:
             have = self.tombstone(stone.action_id)
             if have is None:
                 imported.append(stone)
-            elif have.request_hash == stone.request_hash:
-                known += 1
-            else:
+                continue
+            missing = _missing_findings(have, stone)
+            if have.request_hash != stone.request_hash or missing is None:
                 conflicts.append(stone.action_id)
-        if imported:
+                continue
+            known += 1
+            added.extend((stone.action_id, event) for event in missing)
+        if imported or added:
             with self._tx() as conn:
                 for stone in imported:
                     # an expired row of this id may still be there (tombstone() ignores it)
                     conn.execute("DELETE FROM tombstones WHERE action_id = ?",
                                  (stone.action_id,))
+                    conn.execute("DELETE FROM tombstone_findings WHERE action_id = ?",
+                                 (stone.action_id,))
                     conn.execute("INSERT INTO tombstones VALUES (?, ?, ?, ?, ?, ?, ?)",
                                  (stone.action_id, stone.crew_id, stone.operation,
                                   stone.request_hash, stone.status.value,
                                   int(stone.uncertain_outcome), stone.archived_at))
+                    added.extend((stone.action_id, event)
+                                 for event in (stone.resolution, stone.successor)
+                                 if event is not None)
+                for action_id, event in added:
+                    conn.execute("INSERT INTO tombstone_findings VALUES (?, ?, ?, ?)",
+                                 (action_id, event.event, event.sequence, dumps(event.data)))
         return TombstoneImportResult(imported=len(imported), known=known,
                                      conflicts=tuple(conflicts))
 
@@ -830,21 +913,50 @@ class Journal:
         return now
 
     def _finding(self, action_id: str, name: str) -> JobEvent | None:
-        row = self._conn.execute(
-            "SELECT sequence, event, data FROM events WHERE action_id = ? AND event = ? "
-            "ORDER BY sequence LIMIT 1", (action_id, name)).fetchone()
+        if action_id in self.records:
+            query = ("SELECT sequence, event, data FROM events WHERE action_id = ? "
+                     "AND event = ? ORDER BY sequence LIMIT 1")
+        elif self.tombstone(action_id) is not None:
+            query = ("SELECT sequence, event, data FROM tombstone_findings "
+                     "WHERE action_id = ? AND event = ?")
+        else:
+            return None
+        row = self._conn.execute(query, (action_id, name)).fetchone()
         if row is None:
             return None
         return JobEvent(event=row["event"], sequence=row["sequence"],
                         data=json.loads(row["data"]))
 
     def resolution(self, action_id: str) -> JobEvent | None:
-        """The action's journaled resolution event, if any (at most one exists)."""
+        """The action's journaled resolution event, if any (at most one exists): its record's,
+        or, once archived, the one kept with its tombstone."""
         return self._finding(action_id, RESOLUTION_EVENT)
 
     def successor(self, action_id: str) -> JobEvent | None:
-        """The action's journaled successor claim, if any (at most one exists)."""
+        """The action's journaled successor claim, if any (at most one exists): its record's,
+        or, once archived, the one kept with its tombstone."""
         return self._finding(action_id, SUCCESSOR_EVENT)
+
+    def append_tombstone_resolution(self, action_id: str, data: dict[str, Any]) -> JobEvent:
+        """Journal the one ``resolution`` of an archived action, with its tombstone (durable).
+
+        Invariant (a resolution is written once, archived or not): the caller checked that
+        the tombstone carries none (one thread: no race); a later one is answered from this
+        one. The record's events are gone, so its sequence only orders the tombstone's
+        findings: one after the highest it carries (1 when none).
+        """
+        if self.tombstone(action_id) is None:
+            raise ValueError("only an archived action takes a tombstone resolution")
+        encoded = dumps(data)
+        if len(encoded.encode("utf-8")) + len(RESOLUTION_EVENT) > self.limits.max_event_bytes:
+            raise JournalFull(f"the {RESOLUTION_EVENT} is over CREWFENCE_MAX_EVENT_BYTES")
+        row = self._conn.execute("SELECT max(sequence) FROM tombstone_findings "
+                                 "WHERE action_id = ?", (action_id,)).fetchone()
+        seq = 1 if row is None or row[0] is None else int(row[0]) + 1
+        with self._tx() as conn:
+            conn.execute("INSERT INTO tombstone_findings VALUES (?, ?, ?, ?)",
+                         (action_id, RESOLUTION_EVENT, seq, encoded))
+        return JobEvent(event=RESOLUTION_EVENT, sequence=seq, data=data)
 
     def append_resolution(self, action_id: str, data: dict[str, Any]) -> JobEvent:
         """Append the one ``resolution`` event after a terminal record's terminal event.

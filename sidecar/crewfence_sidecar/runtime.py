@@ -789,8 +789,15 @@ class Runtime:
         is written by another field manager; a different finding is refused with 409
         ``resolution_conflict`` naming the journaled one); only a terminal record takes one
         (409 while running); the record itself never changes (see Journal.append_resolution).
+        An archived action is answered the same way from its tombstone's finding
+        (:meth:`_resolve_archived`).
         """
-        record = self._finished_record(req.crew_id, req.action_id)
+        record = self.journal.get(req.action_id)
+        if record is None or record.crew_id != req.crew_id:
+            stone = self.journal.tombstone(req.action_id)
+            if stone is None or stone.crew_id != req.crew_id:
+                raise ContractError(404, "unknown_job", "no such job for this crew")
+            return self._resolve_archived(req, stone)
         existing = self.journal.resolution(req.action_id)
         if existing is not None:
             if finding_of(existing.data) != finding_of(req.identity()):
@@ -816,6 +823,36 @@ class Runtime:
         self._notify(req.action_id)
         return event, True
 
+    def _resolve_archived(self, req: ResolutionRequest,
+                          stone: Tombstone) -> tuple[JobEvent, bool]:
+        """:meth:`resolve` for an archived action: answered exactly as for its record.
+
+        Invariant (findings outlive the record): the finding kept with the tombstone answers
+        (an identical one: that event, created False; another: 409 ``resolution_conflict``
+        naming it); with none kept, this one is written with the tombstone, once.
+        """
+        if stone.resolution is not None:
+            existing = stone.resolution
+            if finding_of(existing.data) != finding_of(req.identity()):
+                raise ContractError(
+                    409, "resolution_conflict",
+                    f"this action was already resolved {existing.data.get('outcome')} "
+                    f"(journal event {existing.sequence}, kept with its tombstone); a "
+                    "resolution is written once", {"journaled": existing.to_wire()})
+            return existing, False
+        data = {**req.identity(), "recorded_at": utc_now()}
+        try:
+            event = self.journal.append_tombstone_resolution(req.action_id, data)
+        except JournalFull as exc:
+            raise JournalUnavailable(str(exc), full=True) from None
+        except PersistError:
+            raise JournalUnavailable("the journal could not persist the resolution",
+                                     full=False) from None
+        log.info("resolved (archived)", extra={"action_id": req.action_id,
+                                               "crew_id": req.crew_id,
+                                               "code": req.outcome.value})
+        return event, True
+
     def claim_successor(self, req: SuccessorRequest) -> tuple[JobEvent, JobEvent, bool]:
         """Claim the one successor slot of an uncertain action; ``(claim, resolution,
         created)``.
@@ -827,7 +864,7 @@ class Runtime:
         repeat answers the journaled claim, created False; another successor gets 409
         ``already_superseded`` naming the one journaled).
         """
-        record = self._finished_record(req.crew_id, req.action_id)
+        record = self._finished_record(req.crew_id, req.action_id)  # Gone: archived
         if not record.terminal:
             raise ContractError(409, "job_running",
                                 "the predecessor is still running; its outcome is not known")

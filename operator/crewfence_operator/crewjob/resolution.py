@@ -19,7 +19,12 @@ Invariants kept here (each named where it is decided):
   ``status.resolution`` is written only from its answer (:func:`confirmed_patch` or
   :func:`conflict_patch`); until it answers, only ``Resolved=False/JournalPending`` is shown
   (:func:`unconfirmed_patch`). A re-applied predecessor therefore never shows, even for a
-  moment, a resolution its journal does not hold.
+  moment, a resolution its journal does not hold;
+- *an archived record keeps its finding*: the sidecar answers a resolution on a tombstone as on
+  the record (the journaled finding, or a 409 naming it; written with the tombstone when it
+  had none), so a re-applied predecessor whose record was archived mirrors the journal too;
+  only "no journal holds the action" (404) records the spec's finding as not journaled
+  (:func:`when_not_held`).
 """
 
 from __future__ import annotations
@@ -339,6 +344,31 @@ def journal_patch(state: JournalState, *, sequence: int | None = None,
         journal["sequence"] = sequence
     journal["message"] = (message or "")[:1024] or None
     return {"resolution": {"journal": journal}}
+
+
+class NotHeld(StrEnum):
+    """What a resolution write answered with 404 or 410 means (:func:`when_not_held`)."""
+
+    ACCEPT_UNJOURNALED = "AcceptUnjournaled"
+    """No journal holds the action (404): nothing can disagree; the spec's finding is recorded
+    in status, marked as not journaled."""
+    WAIT = "Wait"
+    """A tombstone holds the action but its sidecar did not answer for the finding kept with
+    it (410: an image from before findings were kept with tombstones): the finding may differ,
+    so status shows nothing yet and the write is tried again."""
+
+
+def when_not_held(http_status: int | None) -> NotHeld:
+    """The decision on a 404/410 answer to ``POST /jobs/{id}/resolution``; pure.
+
+    Invariant (an archived record keeps its finding): a sidecar answers a resolution on a
+    tombstone from the finding it keeps (200/201/409), so a 410 never lets the spec's finding
+    into status: it may contradict the one journaled before the archive."""
+    return NotHeld.WAIT if http_status == 410 else NotHeld.ACCEPT_UNJOURNALED
+
+
+TOMBSTONE_SILENT: Final = ("the replica holds only a tombstone of this action and its sidecar "
+                           "does not answer for the finding kept with it (upgrade its image)")
 
 
 def sidecar_request(*, crew: str, action_id: str, resolution: Resolution,

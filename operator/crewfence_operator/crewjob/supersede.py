@@ -216,11 +216,13 @@ def from_journal(answers: list[JournalAnswer], *, predecessor_name: str,
                                 f"{a.ordinal}) answers: {a.message}.{hint}")
     for a in answers:
         if a.answer is Answer.ARCHIVED:
+            # the tombstone keeps the findings (the sidecar's answer names them), but a
+            # successor is never admitted on an archived record: at most once wins
+            said = f" (the journal answers: {a.message})" if a.message else ""
             return GateDecision(Gate.REFUSE, "predecessor_archived",
                                 f"the record of predecessor {predecessor_name!r} was archived "
-                                f"on replica {a.ordinal}: its resolution and successor claim "
-                                "are no longer in a journal, so no successor is admitted "
-                                "(at most once wins)")
+                                f"on replica {a.ordinal}{said}: no successor is admitted on "
+                                "an archived record (at most once wins)")
     silent = [a for a in answers if a.answer is Answer.UNREACHABLE]
     if silent:
         return GateDecision(Gate.WAIT, "predecessor_journal_unreachable",

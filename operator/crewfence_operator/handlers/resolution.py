@@ -207,7 +207,10 @@ async def journal(obj: Mapping[str, Any], resolution: res.Resolution, *, resolve
                 metrics.observe_sidecar_failure(exc.category.value)
                 why = str(exc)
                 if exc.http_status in (404, 410):
-                    gone = f"the journal no longer holds the record: {exc.message}"
+                    if res.when_not_held(exc.http_status) is res.NotHeld.WAIT:
+                        why = res.TOMBSTONE_SILENT
+                        break  # not journaled; tried again later (never the spec's finding)
+                    gone = f"no journal holds the action: {exc.message}"
                     if confirm:
                         await _accept_unjournaled(obj, resolution, resolved_by, gone)
                         return
@@ -268,8 +271,9 @@ def _resolved(obj: Mapping[str, Any], resolution: res.Resolution, resolved_by: s
 
 async def _accept_unjournaled(obj: Mapping[str, Any], resolution: res.Resolution,
                               resolved_by: str, why: str) -> None:
-    """No journal holds the record any more (404/410): nothing can disagree, so the spec's
-    finding is recorded in status as not journaled, saying why."""
+    """No journal holds the action (404: neither its record nor its tombstone): nothing can
+    disagree, so the spec's finding is recorded in status as not journaled, saying why. An
+    archived action (410 before) is answered by the sidecar from its tombstone's finding."""
     meta, status = obj["metadata"], obj.get("status") or {}
     patch = res.accepted_patch(status, resolution, resolved_by=resolved_by,
                                generation=int(meta.get("generation") or 1), now=now_iso(),

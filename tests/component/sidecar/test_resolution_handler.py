@@ -200,3 +200,52 @@ async def test_a_reapplied_predecessor_never_shows_a_resolution_its_journal_does
     conds = {x["type"]: x for x in api["obj"]["status"]["conditions"]}
     assert conds["ResolutionConflict"]["status"] == "True"
     assert "NotHappened" in conds["ResolutionConflict"]["message"]
+
+
+async def test_a_reapplied_predecessor_whose_record_was_archived_gets_the_journaled_finding(
+        make_client: Any, api: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
+        runtime: Runtime) -> None:
+    """Invariant (crewjob/resolution.py, an archived record keeps its finding): the journal
+    holds Happened, then the record is archived; a re-applied CrewJob saying NotHappened gets
+    the journaled Happened and ResolutionConflict (before: a 410, and status recorded the
+    spec's NotHappened as not journaled); an identical re-apply shows it Journaled."""
+    c = await _finished_job(make_client, "ns/arch")
+    address = f"{c.server.host}:{c.server.port}"
+    _one_replica_crew(monkeypatch, lambda: address)
+    monkeypatch.setattr(handler, "_get_crewjob_blocking", lambda ns, name: api["obj"])
+
+    def crewjob(uid: str, outcome: str) -> dict[str, Any]:
+        return {
+            "metadata": {"name": "arch", "namespace": "ns", "uid": uid, "generation": 1},
+            "spec": {"crewRef": {"name": "research"}, "operation": "run",
+                     "resolution": {"outcome": outcome, "note": "checked"}},
+            "status": {"phase": "Failed", "reason": "SidecarRestarted", "uncertainOutcome": True,
+                       "observedGeneration": 1, "actionId": "ns/arch",
+                       "assignment": {"ordinal": 0, "pod": "research-0"},
+                       "conditions": [{"type": "OutcomeUncertain", "status": "True",
+                                       "reason": "SidecarRestarted"}]}}
+
+    api["obj"] = crewjob("first", "Happened")
+    await handler.carry_out(api["obj"], runtime)
+    first = api["obj"]["status"]["resolution"]
+    assert (first["outcome"], first["journal"]["state"]) == ("Happened", "Journaled")
+    archived = await c.delete("/jobs/ns%2Farch",
+                              headers={**AUTH, "X-AIP-Archive-Confirmation": "ns/arch"})
+    assert archived.status == 200
+
+    api["obj"], api["patches"] = crewjob("again", "NotHappened"), []  # delete + re-apply
+    await handler.carry_out(api["obj"], runtime)
+    shown = [p["resolution"]["outcome"] for p in api["patches"]
+             if (p.get("resolution") or {}).get("outcome")]
+    assert shown and set(shown) == {"Happened"}, api["patches"]
+    status = api["obj"]["status"]
+    assert status["resolution"]["journal"]["state"] == "Journaled"
+    assert status["resolution"]["journal"]["sequence"] == first["journal"]["sequence"]
+    conds = {x["type"]: x for x in status["conditions"]}
+    assert conds["ResolutionConflict"]["status"] == "True"
+
+    api["obj"], api["patches"] = crewjob("third", "Happened"), []
+    await handler.carry_out(api["obj"], runtime)
+    third = api["obj"]["status"]["resolution"]
+    assert (third["outcome"], third["journal"]["state"]) == ("Happened", "Journaled")
+    assert third["journal"]["sequence"] == first["journal"]["sequence"]

@@ -190,3 +190,20 @@ def test_the_retry_timer_runs_only_while_a_step_is_due() -> None:
     done = {**pending, "resolution": {**pending["resolution"],
                                       "journal": {"state": "Journaled"}}}
     assert not has_a_step(spec, done, meta)
+
+
+def test_only_no_journal_at_all_lets_the_specs_finding_into_status() -> None:
+    """Invariant (crewjob/resolution.py, an archived record keeps its finding): a 404 (no
+    journal holds the action) records the spec's finding as not journaled; a 410 (a tombstone
+    whose sidecar does not answer for its finding) waits: it may contradict the journaled
+    one."""
+    assert res.when_not_held(404) is res.NotHeld.ACCEPT_UNJOURNALED
+    assert res.when_not_held(410) is res.NotHeld.WAIT
+
+
+def test_an_archived_predecessor_refuses_and_names_the_journals_finding() -> None:
+    said = ("this action was archived; it is never run again; its journaled resolution is "
+            "NotHappened (journal event 4) and its one successor is action 'ns/next'")
+    archived = from_journal(JournalAnswer(0, Answer.ARCHIVED, message=said))
+    assert archived.gate is Gate.REFUSE and archived.code == "predecessor_archived"
+    assert "NotHappened" in archived.message and "'ns/next'" in archived.message

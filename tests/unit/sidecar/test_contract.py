@@ -231,3 +231,23 @@ def test_record_round_trip() -> None:
     assert c.JobRecord.from_wire(stopped.to_wire()) == stopped
     ev = c.JobEvent("started", 0, {"x": 1})
     assert c.JobEvent.from_wire(ev.to_wire()) == ev
+
+
+def test_a_tombstone_carries_its_findings_on_the_wire_and_pages_fit_a_body() -> None:
+    """The hand-over's wire form keeps the findings (a wrong event is refused), and a page of
+    tombstones stops short of MAX_TOMBSTONE_PAGE_BYTES so its import fits a request body."""
+    res = c.JobEvent("resolution", 4, {"outcome": "NotHappened", "note": "n" * 4000})
+    suc = c.JobEvent("successor", 5, {"successor_action_id": "ns/next", "resume": True})
+    stone = c.Tombstone(action_id="ns/p", crew_id="research", operation="run",
+                        request_hash="a" * 64, status=c.Status.FAILED,
+                        archived_at="2026-12-02T00:00:00.000Z", uncertain_outcome=True,
+                        resolution=res, successor=suc)
+    assert c.Tombstone.from_wire(stone.to_wire()) == stone
+    assert "'ns/next'" in stone.findings_summary()
+    with pytest.raises(ValueError):
+        c.Tombstone.from_wire({**stone.to_wire(), "resolution": suc.to_wire()})
+    many = [c.Tombstone(**{**stone.__dict__, "action_id": f"ns/p{i:04d}"}) for i in range(500)]
+    page = c.tombstone_page(many, 500)
+    size = len(json.dumps(page["tombstones"]).encode())
+    assert 0 < len(page["tombstones"]) < 500 and size <= c.MAX_TOMBSTONE_PAGE_BYTES + 1000
+    assert page["next_after"] == page["tombstones"][-1]["action_id"]

@@ -347,3 +347,130 @@ def test_the_wal_is_not_grown_past_a_quarter_of_the_state_bound(jpath: Path) -> 
     assert _wal_bytes(jpath) < 1024 * 1024
     j.admit(_record("small"), {})
     j.close()
+
+
+# --- findings outlive the record (Journal.archive, import_tombstones) ---------------------------
+_FOUND = {"crew_id": "c", "outcome": "NotHappened", "note": "nothing went out", "evidence": [],
+          "recorded_at": "2026-12-02T00:00:00.000Z"}
+
+
+def _resolved_uncertain(j: Journal, action_id: str, *, successor: str | None = None,
+                        resume: bool = False) -> None:
+    j.admit(_record(action_id), {})
+    j.finish(action_id, Status.FAILED, output=None, error=None, uncertain=True, event_data={})
+    j.append_resolution(action_id, dict(_FOUND))
+    if successor is not None:
+        claim: dict[str, object] = {"crew_id": "c", "successor_action_id": successor}
+        if resume:
+            claim["resume"] = True
+        j.append_successor(action_id, claim)
+
+
+@pytest.mark.parametrize("bulk", [False, True], ids=["by-hand", "bulk"])
+def test_archive_keeps_the_resolution_and_successor_claim(jpath: Path, bulk: bool) -> None:
+    """Invariant (Journal.archive: findings outlive the record): the resolution and the
+    successor claim (resume flag included) stay with the tombstone, across a restart, for
+    archiving by hand and by age (retention, POST /admin/archive) alike."""
+    j = _open(jpath)
+    _resolved_uncertain(j, "p", successor="s", resume=False)
+    before = (j.resolution("p"), j.successor("p"))
+    if bulk:
+        assert [t.action_id for t in j.archive_older_than(utc_now())] == ["p"]
+    else:
+        j.archive("p")
+    j.close()
+    j = _open(jpath)
+    stone = j.tombstone("p")
+    assert stone is not None and j.get("p") is None and j.events("p") == []
+    assert (stone.resolution, stone.successor) == before
+    assert (j.resolution("p"), j.successor("p")) == before
+    assert [t.resolution for t in j.tombstone_page("", 10)] == [before[0]]
+    j.close()
+
+
+def test_a_resolution_after_archive_is_written_once(jpath: Path) -> None:
+    """Invariant (Journal.append_tombstone_resolution): an archived action without a finding
+    takes one, kept with its tombstone; it is durable and the journal answers it after."""
+    j = _archived(jpath, "a")
+    assert j.tombstone("a") is not None and j.resolution("a") is None
+    event = j.append_tombstone_resolution("a", dict(_FOUND))
+    assert event.event == "resolution" and event.sequence == 1
+    j.close()
+    j = _open(jpath)
+    assert j.resolution("a") == event
+    stone = j.tombstone("a")
+    assert stone is not None and stone.resolution == event
+    with pytest.raises(sqlite3.IntegrityError):  # the primary key: one resolution per action
+        j._conn.execute("INSERT INTO tombstone_findings VALUES ('a', 'resolution', 2, '{}')")
+    j.close()
+
+
+def test_an_import_keeps_the_first_finding_and_reports_a_different_one(jpath: Path,
+                                                                        tmp_path: Path) -> None:
+    """Invariant (Journal.import_tombstones: never overwritten): a handed-over tombstone keeps
+    its findings; a finding that differs from the one held here is a conflict and the held one
+    stays; one this journal's tombstone lacks is added; an identical one is known."""
+    src = _open(tmp_path / "src.db")
+    _resolved_uncertain(src, "p", successor="s", resume=True)
+    src.archive("p")
+    offered = src.tombstone("p")
+    assert offered is not None and offered.successor is not None
+    assert offered.successor.data["resume"] is True
+
+    dst = _open(jpath)
+    first = dst.import_tombstones([offered])
+    assert (first.imported, first.known, first.conflicts) == (1, 0, ())
+    held = dst.tombstone("p")
+    assert held is not None and (held.resolution, held.successor) == (offered.resolution,
+                                                                       offered.successor)
+    again = dst.import_tombstones([offered])
+    assert (again.imported, again.known, again.conflicts) == (0, 1, ())
+
+    from dataclasses import replace
+
+    from crewfence_sidecar.contract import JobEvent
+    assert offered.resolution is not None
+    other = replace(offered, resolution=JobEvent(
+        "resolution", offered.resolution.sequence, {**_FOUND, "outcome": "Happened"}))
+    clash = dst.import_tombstones([other])
+    assert clash.conflicts == ("p",)
+    kept = dst.tombstone("p")
+    assert kept is not None and kept.resolution == offered.resolution
+
+    bare = dst.import_tombstones([replace(offered, action_id="q", resolution=None,
+                                          successor=None)])
+    assert bare.imported == 1
+    filled = dst.import_tombstones([replace(offered, action_id="q")])
+    assert (filled.known, filled.conflicts) == (1, ())
+    q = dst.tombstone("q")
+    assert q is not None and q.resolution == offered.resolution
+    dst.close()
+    src.close()
+
+
+def test_expiry_and_readmission_drop_the_tombstones_findings(jpath: Path) -> None:
+    """A tombstone past its retention takes its findings with it: the re-admitted action id
+    starts with none."""
+    j = _open(jpath, tombstone_retention_seconds=3600)
+    _resolved_uncertain(j, "p")
+    j.archive("p")
+    j.close()
+    _age_tombstones(jpath, 3601)
+    j = _open(jpath, tombstone_retention_seconds=3600)
+    assert j.tombstone("p") is None and j.resolution("p") is None
+    assert j._conn.execute("SELECT count(*) FROM tombstone_findings").fetchone()[0] == 0
+    j.close()
+
+
+def test_an_old_journal_without_the_findings_table_opens(jpath: Path) -> None:
+    """A journal written before tombstone_findings existed opens without a migration."""
+    j = _archived(jpath, "a")
+    j.close()
+    conn = sqlite3.connect(jpath)
+    conn.execute("DROP TABLE tombstone_findings")
+    conn.commit()
+    conn.close()
+    j = _open(jpath)
+    stone = j.tombstone("a")
+    assert stone is not None and stone.resolution is None
+    j.close()
