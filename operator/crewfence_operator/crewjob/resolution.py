@@ -29,7 +29,7 @@ Invariants kept here (each named where it is decided):
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Final
@@ -365,6 +365,17 @@ def when_not_held(http_status: int | None) -> NotHeld:
     tombstone from the finding it keeps (200/201/409), so a 410 never lets the spec's finding
     into status: it may contradict the one journaled before the archive."""
     return NotHeld.WAIT if http_status == 410 else NotHeld.ACCEPT_UNJOURNALED
+
+
+def held_nowhere(*, listed: Collection[int], not_held: Collection[int]) -> bool:
+    """Whether no journal holds the action: every replica the Crew lists, and the assigned
+    one, answered 404 (one that could not be asked holds it as far as anyone knows); pure.
+
+    Invariant (a finding is looked for wherever the action's facts went): a tombstone handed
+    over on scale-down lives on another replica, and a re-used ordinal has a fresh journal,
+    so the assigned replica's 404 alone never lets the spec's finding into status; every
+    listed replica is asked first, as the successor gate does."""
+    return bool(listed) and set(listed) <= set(not_held)
 
 
 TOMBSTONE_SILENT: Final = ("the replica holds only a tombstone of this action and its sidecar "

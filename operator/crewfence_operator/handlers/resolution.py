@@ -197,57 +197,42 @@ async def journal(obj: Mapping[str, Any], resolution: res.Resolution, *, resolve
     why = "the assigned replica is not reachable"
     for attempt in range(JOURNAL_ATTEMPTS):
         crew, token = await read_crew_and_token(namespace, crew_name)
-        replica = next((r for r in parse_replicas(crew or {}) if r.ordinal == ordinal), None)
-        if replica is not None and replica.address and token:
+        listed = parse_replicas(crew or {})
+        # the assigned replica first; the others hold the action's tombstone after a hand-over
+        asked = sorted((r for r in listed if r.address and token),
+                       key=lambda r: r.ordinal != ordinal)
+        not_held: set[int] = set()
+        tombstone_silent = False
+        for replica in asked:
             try:
                 client = await _client(runtime, crew=(namespace, crew_name), replica=replica,
-                                       token=token)
+                                       token=str(token))
                 answer = await client.resolve(request)
             except SidecarFailure as exc:
                 metrics.observe_sidecar_failure(exc.category.value)
+                if exc.http_status == 404:
+                    not_held.add(replica.ordinal)
+                    continue
+                if exc.http_status == 410:
+                    tombstone_silent = res.when_not_held(410) is res.NotHeld.WAIT
+                    break
                 why = str(exc)
-                if exc.http_status in (404, 410):
-                    if res.when_not_held(exc.http_status) is res.NotHeld.WAIT:
-                        why = res.TOMBSTONE_SILENT
-                        break  # not journaled; tried again later (never the spec's finding)
-                    gone = f"no journal holds the action: {exc.message}"
-                    if confirm:
-                        await _accept_unjournaled(obj, resolution, resolved_by, gone)
-                        return
-                    await _patch_status(namespace, name, res.journal_patch(
-                        res.JournalState.NOT_APPLICABLE, message=gone))
-                    return
-            else:
-                event = answer.event
-                if answer.conflict:
-                    # Invariant: the journal's finding wins; say so, change nothing, no retry.
-                    current = await asyncio.to_thread(_get_crewjob_blocking, namespace, name)
-                    latest = (current or obj).get("status") or status
-                    patch = res.conflict_patch(
-                        latest, event.data, sequence=event.sequence, spec_resolution=resolution,
-                        generation=int(meta.get("generation") or 1), now=now_iso())
-                    if await _patch_status(namespace, name, patch):
-                        kopf.warn(as_body(obj), reason=res.CONFLICT_CONDITION,
-                                  message=next(cond["message"] for cond in patch["conditions"]
-                                               if cond["type"] == res.CONFLICT_CONDITION))
-                    log.warning("crewjob %s/%s: spec.resolution disagrees with the journaled "
-                                "one (event %s)", namespace, name, event.sequence)
-                    return
-                successor = answer.successor.data if answer.successor else None
-                if confirm:
-                    if await _patch_status(namespace, name, res.confirmed_patch(
-                            status, resolution, event.data, sequence=event.sequence,
-                            ordinal=ordinal, successor=successor, resolved_by=resolved_by,
-                            generation=int(meta.get("generation") or 1), now=now_iso())):
-                        _resolved(obj, resolution, str(event.data.get("resolved_by")
-                                                       or resolved_by))
-                else:
-                    await _patch_status(namespace, name, res.journaled_patch(
-                        event.data, sequence=event.sequence, ordinal=ordinal,
-                        successor=successor))
-                log.info("crewjob %s/%s: resolution journaled (event %s)", namespace, name,
-                         event.sequence)
+                continue
+            await _answered(obj, answer, resolution, resolved_by=resolved_by,
+                            ordinal=replica.ordinal, confirm=confirm)
+            return
+        if tombstone_silent:
+            why = res.TOMBSTONE_SILENT
+            break  # not journaled; tried again later (never the spec's finding)
+        expected = {r.ordinal for r in listed} | ({int(ordinal)} if ordinal is not None else set())
+        if res.held_nowhere(listed=expected, not_held=not_held):
+            gone = "no journal of the Crew's replicas holds the action"
+            if confirm:
+                await _accept_unjournaled(obj, resolution, resolved_by, gone)
                 return
+            await _patch_status(namespace, name, res.journal_patch(
+                res.JournalState.NOT_APPLICABLE, message=gone))
+            return
         await asyncio.sleep(JOURNAL_BACKOFF_SECONDS * (2 ** attempt))
     if confirm:
         if await _patch_status(namespace, name, res.unconfirmed_patch(
@@ -259,6 +244,40 @@ async def journal(obj: Mapping[str, Any], resolution: res.Resolution, *, resolve
             res.JournalState.PENDING,
             message=f"not journaled yet ({why}); trying again every {RETRY_SECONDS:.0f}s")):
         _retry_later(namespace, name, runtime)
+
+
+async def _answered(obj: Mapping[str, Any], answer: Any, resolution: res.Resolution, *,
+                    resolved_by: str, ordinal: int, confirm: bool) -> None:
+    """Status from the journal's answer to the resolution write (replica ``ordinal``)."""
+    meta, status = obj["metadata"], obj.get("status") or {}
+    namespace, name = str(meta["namespace"]), str(meta["name"])
+    event = answer.event
+    if answer.conflict:
+        # Invariant: the journal's finding wins; say so, change nothing, no retry.
+        current = await asyncio.to_thread(_get_crewjob_blocking, namespace, name)
+        latest = (current or obj).get("status") or status
+        patch = res.conflict_patch(
+            latest, event.data, sequence=event.sequence, spec_resolution=resolution,
+            generation=int(meta.get("generation") or 1), now=now_iso())
+        if await _patch_status(namespace, name, patch):
+            kopf.warn(as_body(obj), reason=res.CONFLICT_CONDITION,
+                      message=next(cond["message"] for cond in patch["conditions"]
+                                   if cond["type"] == res.CONFLICT_CONDITION))
+        log.warning("crewjob %s/%s: spec.resolution disagrees with the journaled "
+                    "one (event %s)", namespace, name, event.sequence)
+        return
+    successor = answer.successor.data if answer.successor else None
+    if confirm:
+        if await _patch_status(namespace, name, res.confirmed_patch(
+                status, resolution, event.data, sequence=event.sequence,
+                ordinal=ordinal, successor=successor, resolved_by=resolved_by,
+                generation=int(meta.get("generation") or 1), now=now_iso())):
+            _resolved(obj, resolution, str(event.data.get("resolved_by") or resolved_by))
+    else:
+        await _patch_status(namespace, name, res.journaled_patch(
+            event.data, sequence=event.sequence, ordinal=ordinal, successor=successor))
+    log.info("crewjob %s/%s: resolution journaled (event %s)", namespace, name,
+             event.sequence)
 
 
 def _resolved(obj: Mapping[str, Any], resolution: res.Resolution, resolved_by: str) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import copy
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import kopf
@@ -249,3 +250,38 @@ async def test_a_reapplied_predecessor_whose_record_was_archived_gets_the_journa
     third = api["obj"]["status"]["resolution"]
     assert (third["outcome"], third["journal"]["state"]) == ("Happened", "Journaled")
     assert third["journal"]["sequence"] == first["journal"]["sequence"]
+
+
+async def test_a_resolution_is_written_where_the_action_lives_not_only_on_the_assigned_replica(
+        make_client: Any, api: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
+        runtime: Runtime, tmp_path: Path) -> None:
+    """Invariant (crewjob/resolution.py ``held_nowhere``): the assigned replica's 404 alone
+    never records the spec's finding as not journaled. Replica 0 (the assignment: a re-used
+    ordinal, its journal fresh) does not hold the action; replica 1 (where its facts went)
+    does, so the resolution is journaled there (before: accepted unjournaled on 0's 404)."""
+    (tmp_path / "fresh").mkdir()
+    fresh = await make_client(CREWFENCE_STATE_FILE=str(tmp_path / "fresh" / "journal.db"))
+    holder = await _finished_job(make_client, "ns/moved")
+    addresses = {0: f"{fresh.server.host}:{fresh.server.port}",
+                 1: f"{holder.server.host}:{holder.server.port}"}
+
+    async def crew_and_token(namespace: str, crew: str) -> tuple[dict[str, Any], str]:
+        return ({"spec": {"replicas": 2}, "status": {"replicas": [
+            {"ordinal": k, "pod": f"research-{k}", "address": a, "ready": True,
+             "journalId": f"j{k}"} for k, a in addresses.items()]}}, TOKEN)
+
+    monkeypatch.setattr(handler, "read_crew_and_token", crew_and_token)
+    api["obj"] = {
+        "metadata": {"name": "moved", "namespace": "ns", "uid": "u", "generation": 1},
+        "spec": {"crewRef": {"name": "research"}, "operation": "run",
+                 "resolution": {"outcome": "NotHappened", "note": "checked"}},
+        "status": {"phase": "Failed", "reason": "SidecarRestarted", "uncertainOutcome": True,
+                   "observedGeneration": 1, "actionId": "ns/moved",
+                   "assignment": {"ordinal": 0, "pod": "research-0"},
+                   "conditions": [{"type": "OutcomeUncertain", "status": "True",
+                                   "reason": "SidecarRestarted"}]}}
+    await handler.carry_out(api["obj"], runtime)
+    journal = api["obj"]["status"]["resolution"]["journal"]
+    assert journal["state"] == "Journaled", journal
+    page = await (await holder.get("/jobs/ns%2Fmoved/events", headers=AUTH)).json()
+    assert [e["event"] for e in page["events"]].count("resolution") == 1

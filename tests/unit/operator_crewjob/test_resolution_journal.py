@@ -207,3 +207,13 @@ def test_an_archived_predecessor_refuses_and_names_the_journals_finding() -> Non
     archived = from_journal(JournalAnswer(0, Answer.ARCHIVED, message=said))
     assert archived.gate is Gate.REFUSE and archived.code == "predecessor_archived"
     assert "NotHappened" in archived.message and "'ns/next'" in archived.message
+
+
+def test_no_journal_holds_the_action_only_when_every_replica_and_the_assigned_one_said_so(
+) -> None:
+    """A tombstone handed over on scale-down lives on another replica, a re-used ordinal has
+    a fresh journal: the assigned replica's 404 alone is not "held nowhere"."""
+    assert not res.held_nowhere(listed={0, 1}, not_held={0})
+    assert not res.held_nowhere(listed={0, 1}, not_held={1})  # 0 could not be asked
+    assert res.held_nowhere(listed={0, 1}, not_held={0, 1})
+    assert not res.held_nowhere(listed=set(), not_held=set())  # no Crew: nobody was asked
