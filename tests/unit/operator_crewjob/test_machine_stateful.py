@@ -137,6 +137,7 @@ class CrewJobWorld(RuleBasedStateMachine):
         """Claims that exist but the Crew does not serve (renamed away)."""
         self.removed_claims: set[str] = set()
         self.renames = 0
+        self.fresh_journals = 0
         self.crew_exists = True
         self.admissions = 0
         self.in_flight: list[InFlight] = []
@@ -382,13 +383,21 @@ class CrewJobWorld(RuleBasedStateMachine):
 
     @rule()
     def scale_up(self) -> None:
+        """A kept (draining or retained) replica serves again; otherwise a new replica at the
+        lowest free ordinal, with a new claim and so a new journal (a fresh journal id:
+        ``Journal._ensure_meta`` draws a uuid). A serving replica is never replaced: its claim,
+        and the journal on it, stay (``remove_retained_claim`` may free a lower ordinal)."""
         waiting = sorted((s for s in self.sims.values() if s.state is not ReplicaState.ACTIVE),
                          key=lambda s: s.ordinal)
         if waiting:
             waiting[0].state = ReplicaState.ACTIVE
-        elif len(self.sims) < 4:
-            k = len(self.sims)
-            self.sims[k] = SimSidecar(k, f"j{k}")
+            return
+        free = [k for k in range(4) if k not in self.sims]
+        if free:
+            k = free[0]
+            self.fresh_journals += 1
+            self.sims[k] = SimSidecar(k, f"j{k}n{self.fresh_journals}")
+            self.removed_claims.discard(self.sims[k].claim)
 
     @rule()
     def set_cancel(self) -> None:
@@ -753,3 +762,28 @@ def test_known_gap_rename_between_probe_and_admit() -> None:
     world.sims[0] = SimSidecar(0, "j0r1", claim="state-0-r1")
     world.operator_steps(lose=0, n=2)
     world.never_terminal_while_a_listed_replica_holds_a_running_record()
+
+
+def test_world_scale_up_after_a_lower_claim_was_removed_keeps_the_serving_journal() -> None:
+    """Regression of the model (Hypothesis found it): replica 0's claim is removed while replica
+    1 serves and holds the record; the next scale-up used ``len(sims)`` as the new ordinal and so
+    replaced replica 1's journal with an empty one of the same id, and the re-applied job ran
+    again. The real Crew never deletes a claim holding an unarchived record (``scaledown``) and
+    a new claim has a new journal id: the scale-up takes the free ordinal 0."""
+    world = CrewJobWorld()
+    world.setup(replicas=2, name="job-1")
+    world.delete()
+    world.operator_runs_undisturbed(n=1)
+    world.scale_down(k=0, retire_pod=True)
+    world.reapply()
+    world.operator_runs_undisturbed(n=1)
+    world.remove_retained_claim(k=0)
+    world.operator_steps(late=0, lose=0, n=1)
+    assert world.admissions == 1 and world.status["assignment"]["ordinal"] == 1
+    world.delete_and_reapply()
+    world.scale_up()
+    assert world.sims[1].records["team-a/job-1"].terminal
+    assert world.sims[0].journal not in ("j0", "j1") and not world.sims[0].records
+    world.operator_steps(late=0, lose=0, n=2)
+    drive(world, 10)
+    assert world.admissions == 1
