@@ -28,7 +28,7 @@ from crewjob_support import (
     wait_phase,
 )
 from harness.handles import Cluster, Operator
-from test_crewjob_resolution import admissions, make_uncertain, patch_resolution, wait_status
+from test_crewjob_resolution import UNSURE_INPUT, admissions, patch_resolution, wait_status
 
 pytestmark = pytest.mark.slow
 
@@ -78,7 +78,16 @@ def test_a_reapplied_cancel_cancels_the_running_record_on_the_sidecar(
 
 def test_a_reapplied_successor_whose_predecessor_is_gone_finds_its_own_record(
         cluster: Cluster, ns: str) -> None:
-    make_uncertain(cluster, ns, ("flaky",))
+    """The predecessor ran under its own ``spec.actionId``: once its CrewJob is deleted, a
+    re-applied successor (a new, empty status) cannot tell the gate where the predecessor's
+    record is, so only the probe of its own action id can end it."""
+    unsure = crewjob_manifest("flaky", "run", UNSURE_INPUT, timeoutMs=600000,
+                              actionId="custom-flaky-action")
+    assert apply_obj(cluster, unsure, ns).returncode == 0
+    pod = wait_phase(cluster, ns, "flaky", ("Running",), timeout=180)["status"]["assignment"]["pod"]
+    cluster.kubectl("delete", "pod", pod, "-n", ns, "--force", "--grace-period=0", check=True)
+    assert wait_phase(cluster, ns, "flaky", timeout=300)["status"]["uncertainOutcome"] is True
+    wait_crew_ready(cluster, ns, "research", 1)
     assert patch_resolution(cluster, ns, "flaky", "NotHappened", "nothing in the ledger") \
         .returncode == 0
     wait_status(cluster, ns, "flaky",
