@@ -20,7 +20,7 @@ import pytest
 from crewjob_support import (
     apply_obj,
     crewjob_manifest,
-    get_job,
+    delete_job,
     research_crew,
     sidecar_record,
     wait_crew_ready,
@@ -40,12 +40,6 @@ def ns(cluster: Cluster, operator_process: Operator, namespace: str) -> str:
     return namespace
 
 
-def _delete(cluster: Cluster, ns: str, name: str) -> None:
-    cluster.kubectl("delete", "crewjob", name, "-n", ns, "--wait=true", "--timeout=120s",
-                    check=True)
-    assert get_job(cluster, ns, name) is None
-
-
 def test_a_reapplied_cancel_cancels_the_running_record_on_the_sidecar(
         cluster: Cluster, ns: str) -> None:
     name = "orphan-cancel"
@@ -53,7 +47,7 @@ def test_a_reapplied_cancel_cancels_the_running_record_on_the_sidecar(
                            deletionPolicy="Orphan")
     assert apply_obj(cluster, job, ns).returncode == 0
     first = wait_phase(cluster, ns, name, ("Running",), timeout=180)["status"]
-    _delete(cluster, ns, name)
+    delete_job(cluster, ns, name)
     code, record = sidecar_record(cluster, ns, "research", 0, f"{ns}/{name}")
     assert code == 200 and record is not None and record["status"] == "running", record
     before = admissions(cluster, ns)
@@ -100,8 +94,8 @@ def test_a_reapplied_successor_whose_predecessor_is_gone_finds_its_own_record(
     before = admissions(cluster, ns)
 
     # GitOps prune of both, then the successor's manifest alone comes back.
-    _delete(cluster, ns, "flaky-next")
-    _delete(cluster, ns, "flaky")
+    delete_job(cluster, ns, "flaky-next")
+    delete_job(cluster, ns, "flaky")
     assert apply_obj(cluster, successor, ns).returncode == 0
     again = wait_phase(cluster, ns, "flaky-next", timeout=180)["status"]
     assert again["phase"] == "Succeeded", json.dumps(again)

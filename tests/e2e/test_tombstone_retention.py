@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -34,7 +33,8 @@ from crewjob_support import (
     condition,
     crew_access,
     crewjob_manifest,
-    get_job,
+    delete_job,
+    ledger_calls,
     metric_total,
     research_crew,
     sidecar_get,
@@ -42,31 +42,16 @@ from crewjob_support import (
     wait_for,
     wait_phase,
 )
-from harness import controlplane
 from harness.handles import Cluster, Operator
 
 CREW = "research"
 RETENTION_SECONDS = 30
 
 
-def _ledger_calls(ledger: Path, token: str) -> int:
-    """Model calls the offline LLM made for a task whose text carries ``token``."""
-    if not ledger.exists():
-        return 0
-    return sum(token in str(json.loads(line).get("task", ""))
-               for line in ledger.read_text().splitlines() if line.strip())
-
-
 def _admissions(replica: dict[str, Any], access: SidecarAccess) -> float:
     status, text = sidecar_get(replica, "/metrics", access)
     assert status == 200, text
     return metric_total(text, "crewfence_sidecar_admissions_total")
-
-
-def _delete_job(cluster: Cluster, ns: str, name: str) -> None:
-    cluster.kubectl("delete", "crewjob", name, "-n", ns, "--wait=true", "--timeout=120s",
-                    check=True)
-    assert get_job(cluster, ns, name) is None
 
 
 def _reasons(obj: dict[str, Any]) -> set[str]:
@@ -81,7 +66,6 @@ def test_a_tombstone_refuses_until_its_retention_then_the_action_is_new(
     assert apply_obj(cluster, crew, namespace).returncode == 0
     replica = wait_crew_ready(cluster, namespace, CREW, 1)[0]
     access = crew_access(cluster, namespace, CREW)
-    ledger = controlplane.offline_llm_ledger(cluster.info)
     token = f"tomb{uuid.uuid4().hex[:10]}"
     name = "expiring"
     action = f"{namespace}/{name}"
@@ -90,12 +74,12 @@ def test_a_tombstone_refuses_until_its_retention_then_the_action_is_new(
     assert apply_obj(cluster, job, namespace).returncode == 0
     first = wait_phase(cluster, namespace, name)["status"]
     assert first["phase"] == "Succeeded" and not first["uncertainOutcome"], json.dumps(first)
-    calls = _ledger_calls(ledger, token)
+    calls = ledger_calls(cluster, token)
     assert calls > 0, "the first run's model calls are in the ledger"
     admitted = _admissions(replica, access)
 
     # Archive the record: the tombstone's window starts now.
-    _delete_job(cluster, namespace, name)
+    delete_job(cluster, namespace, name)
     code, _, raw = access.exchange(replica, f"/jobs/{quote(action, safe='')}",
                                    method="DELETE", timeout=30,
                                    headers={ARCHIVE_CONFIRMATION_HEADER: action})
@@ -112,9 +96,9 @@ def test_a_tombstone_refuses_until_its_retention_then_the_action_is_new(
         f"{within:.1f}s after the archive (window {RETENTION_SECONDS}s): {json.dumps(status)}"
     assert status["requestHash"] == first["requestHash"], json.dumps(status)
     assert not status.get("uncertainOutcome")
-    assert _ledger_calls(ledger, token) == calls, "the tombstone let the action run again"
+    assert ledger_calls(cluster, token) == calls, "the tombstone let the action run again"
     assert _admissions(replica, access) == admitted, "the tombstone let it be admitted again"
-    _delete_job(cluster, namespace, name)
+    delete_job(cluster, namespace, name)
 
     # The window passes: the sidecar no longer knows the action (an awaited fact, no sleep).
     wait_for(lambda: sidecar_get(replica, f"/jobs/{quote(action, safe='')}", access)[0] == 404,
@@ -128,7 +112,7 @@ def test_a_tombstone_refuses_until_its_retention_then_the_action_is_new(
     assert "Archived" not in _reasons(fresh), json.dumps(status)
     assert status["startedAt"] != first["startedAt"]
     assert status["output"]["sha256"], json.dumps(status)
-    assert _ledger_calls(ledger, token) == 2 * calls, "run once more, exactly"
+    assert ledger_calls(cluster, token) == 2 * calls, "run once more, exactly"
     assert _admissions(replica, access) == admitted + 1
     assert condition(fresh, "OutcomeUncertain") is None or \
         condition(fresh, "OutcomeUncertain")["status"] == "False"
