@@ -31,7 +31,7 @@ from crewfence_sidecar.contract import SuccessorRequest
 
 from crewfence_operator import kube
 from crewfence_operator.crewjob import machine, outcome, supersede
-from crewfence_operator.crewjob.replicas import parse_replicas
+from crewfence_operator.crewjob.replicas import asking_order, parse_replicas
 from crewfence_operator.crewjob.spec import default_action_id
 from crewfence_operator.crewjob.supersede import Answer, JournalAnswer
 from crewfence_operator.sidecar_client import (
@@ -66,7 +66,7 @@ async def ask_journals(runtime: Runtime, namespace: str, crew_name: str,
     """Ask the replicas (``first`` = the predecessor's assigned ordinal, first) to claim the
     successor slot; stop at the first answer that is not "unknown here"."""
     crew, token = await runtime.io.read_crew(namespace, crew_name)
-    replicas = sorted(parse_replicas(crew or {}), key=lambda r: (r.ordinal != first, r.ordinal))
+    replicas = asking_order(parse_replicas(crew or {}), first)
     answers: list[JournalAnswer] = []
     for replica in replicas:
         if not replica.address or not token:

@@ -800,24 +800,11 @@ class Runtime:
             return self._resolve_archived(req, stone)
         existing = self.journal.resolution(req.action_id)
         if existing is not None:
-            if finding_of(existing.data) != finding_of(req.identity()):
-                raise ContractError(
-                    409, "resolution_conflict",
-                    f"this action was already resolved {existing.data.get('outcome')} "
-                    f"(journal event {existing.sequence}); a resolution is written once",
-                    {"journaled": existing.to_wire()})
-            return existing, False
+            return _journaled_finding(existing, req, where="")
         if not record.terminal:
             raise ContractError(409, "job_running",
                                 "only a finished job can be resolved; it is still running")
-        data = {**req.identity(), "recorded_at": utc_now()}
-        try:
-            event = self.journal.append_resolution(req.action_id, data)
-        except JournalFull as exc:
-            raise JournalUnavailable(str(exc), full=True) from None
-        except PersistError:
-            raise JournalUnavailable("the journal could not persist the resolution",
-                                     full=False) from None
+        event = self._write_resolution(self.journal.append_resolution, req)
         log.info("resolved", extra={"action_id": req.action_id, "crew_id": req.crew_id,
                                     "code": req.outcome.value})
         self._notify(req.action_id)
@@ -832,26 +819,24 @@ class Runtime:
         naming it); with none kept, this one is written with the tombstone, once.
         """
         if stone.resolution is not None:
-            existing = stone.resolution
-            if finding_of(existing.data) != finding_of(req.identity()):
-                raise ContractError(
-                    409, "resolution_conflict",
-                    f"this action was already resolved {existing.data.get('outcome')} "
-                    f"(journal event {existing.sequence}, kept with its tombstone); a "
-                    "resolution is written once", {"journaled": existing.to_wire()})
-            return existing, False
-        data = {**req.identity(), "recorded_at": utc_now()}
+            return _journaled_finding(stone.resolution, req, where=", kept with its tombstone")
+        event = self._write_resolution(self.journal.append_tombstone_resolution, req)
+        log.info("resolved (archived)", extra={"action_id": req.action_id,
+                                               "crew_id": req.crew_id,
+                                               "code": req.outcome.value})
+        return event, True
+
+    @staticmethod
+    def _write_resolution(write: Callable[[str, dict[str, Any]], JobEvent],
+                          req: ResolutionRequest) -> JobEvent:
+        """Journal ``req``'s finding with ``write`` (on the record or on its tombstone)."""
         try:
-            event = self.journal.append_tombstone_resolution(req.action_id, data)
+            return write(req.action_id, {**req.identity(), "recorded_at": utc_now()})
         except JournalFull as exc:
             raise JournalUnavailable(str(exc), full=True) from None
         except PersistError:
             raise JournalUnavailable("the journal could not persist the resolution",
                                      full=False) from None
-        log.info("resolved (archived)", extra={"action_id": req.action_id,
-                                               "crew_id": req.crew_id,
-                                               "code": req.outcome.value})
-        return event, True
 
     def claim_successor(self, req: SuccessorRequest) -> tuple[JobEvent, JobEvent, bool]:
         """Claim the one successor slot of an uncertain action; ``(claim, resolution,
@@ -939,3 +924,17 @@ class Runtime:
                          {"code": "sidecar_stopped",
                           "message": "the sidecar stopped while this job was running"},
                          uncertain=True)
+
+
+def _journaled_finding(existing: JobEvent, req: ResolutionRequest,
+                       where: str) -> tuple[JobEvent, bool]:
+    """The answer to a resolution of an action already resolved (``existing``, journaled
+    ``where``): the same finding is an exact repeat (that event, created False); another is
+    409 ``resolution_conflict`` naming the journaled one (a resolution is written once)."""
+    if finding_of(existing.data) != finding_of(req.identity()):
+        raise ContractError(
+            409, "resolution_conflict",
+            f"this action was already resolved {existing.data.get('outcome')} "
+            f"(journal event {existing.sequence}{where}); a resolution is written once",
+            {"journaled": existing.to_wire()})
+    return existing, False

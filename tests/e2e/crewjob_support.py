@@ -95,6 +95,21 @@ def get_job(cluster: Kubectl, namespace: str, name: str) -> dict[str, Any] | Non
     return found
 
 
+def delete_job(cluster: Kubectl, namespace: str, name: str) -> None:
+    """``kubectl delete crewjob`` and wait until it is gone (a GitOps prune)."""
+    cluster.kubectl("delete", "crewjob", name, "-n", namespace, "--wait=true",
+                    "--timeout=120s", check=True)
+    assert get_job(cluster, namespace, name) is None
+
+
+def ledger_calls(cluster: Cluster, token: str) -> int:
+    """Model calls the offline LLM made for a task whose text carries ``token``, counted
+    outside every journal (``controlplane.offline_llm_ledger``)."""
+    ledger = controlplane.offline_llm_ledger(cluster.info)
+    lines = ledger.read_text().splitlines() if ledger.exists() else []
+    return sum(token in str(json.loads(x).get("task", "")) for x in lines if x.strip())
+
+
 def wait_phase(cluster: Kubectl, namespace: str, name: str,
                phases: Iterable[str] = TERMINAL, timeout: float = 240) -> dict[str, Any]:
     wanted = tuple(phases)

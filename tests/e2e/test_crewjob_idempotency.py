@@ -12,7 +12,7 @@ from crewjob_support import (
     condition,
     crewjob_manifest,
     crewjob_namespace,
-    get_job,
+    delete_job,
     llm_calls,
     research_crew,
     wait_crew_ready,
@@ -33,12 +33,6 @@ def ns(cluster: Cluster, operator_process: Operator, ident_ns: str) -> str:
     assert apply_obj(cluster, research_crew(2), ident_ns).returncode == 0
     wait_crew_ready(cluster, ident_ns, "research", 2)
     return ident_ns
-
-
-def delete_job(cluster: Cluster, ns: str, name: str) -> None:
-    cluster.kubectl("delete", "crewjob", name, "-n", ns, "--wait=true", "--timeout=120s",
-                    check=True)
-    assert get_job(cluster, ns, name) is None
 
 
 def test_deleted_and_reapplied_crewjob_is_an_exact_repeat(cluster: Cluster, ns: str) -> None:

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from crewfence_sidecar.config import BOUNDS
 from crewfence_sidecar.contract import Operation
 
 from crewfence_operator.crew.tools import ToolsSpec, parse_tools, unknown_agent_tools
@@ -196,9 +197,14 @@ def parse_spec(raw: Mapping[str, Any] | None) -> CrewSpec:
         tombstone_retention_seconds=(parse_duration(str(j_raw["tombstoneRetention"]))
                                      if j_raw.get("tombstoneRetention") else None),
     )
+    tombstone_bound = BOUNDS["tombstone_retention_seconds"]
     if journal.tombstone_retention_seconds is not None and \
             journal.tombstone_retention_seconds < 1:
         raise SpecError("journal.tombstoneRetention must be at least one second")
+    if (journal.tombstone_retention_seconds or 0) > tombstone_bound.maximum:
+        # The sidecar refuses a longer window at start (a crash loop): name the field here.
+        raise SpecError(f"journal.tombstoneRetention must be at most "
+                        f"{tombstone_bound.maximum // 86400}d (leave it unset: never expire)")
     if journal.retention_seconds is not None and journal.retention_seconds < 1:
         raise SpecError("journal.retention must be at least one second")
     knowledge = tuple(

@@ -8,7 +8,7 @@ but cannot answer is exactly what the probe before the first admission must wait
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -110,3 +110,14 @@ def _ordinal(item: object) -> int | None:
 def journal_changed(recorded: str | None, current: str | None) -> bool:
     """A different journal id on the assigned replica means its state was lost."""
     return bool(recorded) and bool(current) and recorded != current
+
+
+def asking_order(listed: Iterable[Replica], first: object) -> list[Replica]:
+    """Where an action's facts are looked for: the replica it was assigned to (``first``, an
+    ordinal or None) first, then every other listed replica by ordinal; pure.
+
+    Invariant (an action's facts live wherever its journal or tombstone went): a tombstone
+    handed over on scale-down lives on a survivor and a re-used ordinal has a fresh journal,
+    so the successor gate and the resolution handler ask every listed replica, never the
+    assigned one alone, and both in this one order."""
+    return sorted(listed, key=lambda r: (r.ordinal != first, r.ordinal))

@@ -31,7 +31,7 @@ from crewfence_operator import constants as c
 from crewfence_operator import kube, metrics
 from crewfence_operator.crewjob import resolution as res
 from crewfence_operator.crewjob import supersede
-from crewfence_operator.crewjob.replicas import Replica, parse_replicas
+from crewfence_operator.crewjob.replicas import Replica, asking_order, parse_replicas
 from crewfence_operator.crewjob.status import now_iso
 from crewfence_operator.runtime import KubeIO, Runtime, read_crew_and_token, runtime_of
 from crewfence_operator.sidecar_client import Endpoint, SidecarClient, SidecarFailure
@@ -198,9 +198,7 @@ async def journal(obj: Mapping[str, Any], resolution: res.Resolution, *, resolve
     for attempt in range(JOURNAL_ATTEMPTS):
         crew, token = await read_crew_and_token(namespace, crew_name)
         listed = parse_replicas(crew or {})
-        # the assigned replica first; the others hold the action's tombstone after a hand-over
-        asked = sorted((r for r in listed if r.address and token),
-                       key=lambda r: r.ordinal != ordinal)
+        asked = [r for r in asking_order(listed, ordinal) if r.address and token]
         not_held: set[int] = set()
         tombstone_silent = False
         for replica in asked:

@@ -97,6 +97,20 @@ def test_tombstone_retention_reaches_the_sidecar_only_when_set(crew_ref: CrewRef
     assert env["CREWFENCE_TOMBSTONE_RETENTION_SECONDS"] == str(365 * 86400)
 
 
+@pytest.mark.parametrize("window", ["0s", "36601d"])
+def test_a_tombstone_retention_the_sidecar_would_refuse_is_named(window: str) -> None:
+    """Out of the sidecar's CREWFENCE_TOMBSTONE_RETENTION_SECONDS range (1 s .. 36600 days),
+    refused here, so the Crew's status names the field instead of the pods crash-looping."""
+    from crewfence_sidecar.config import BOUNDS
+
+    with pytest.raises(SpecError, match=r"journal\.tombstoneRetention"):
+        parse_spec({"entrypoint": "m:a", "journal": {"tombstoneRetention": window}})
+    top = BOUNDS["tombstone_retention_seconds"].maximum
+    assert top == 36600 * 86400
+    spec = parse_spec({"entrypoint": "m:a", "journal": {"tombstoneRetention": f"{top}s"}})
+    assert spec.journal.tombstone_retention_seconds == top
+
+
 def test_operator_wide_journal_defaults(crew_ref: CrewRef, example_crew: dict[str, Any]) -> None:
     defaults = JournalBounds(max_retained_runs=50, max_event_bytes=4096)
     minimal = parse_spec({"entrypoint": "m:a"})

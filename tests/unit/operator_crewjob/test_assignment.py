@@ -59,3 +59,16 @@ def test_parse_replicas_and_journal_change() -> None:
     assert not journal_changed("j1", "j1")
     assert not journal_changed("j1", None)  # unknown now (pod down) is not "changed"
     assert not journal_changed(None, "j2")
+
+
+def test_facts_are_looked_for_on_the_assigned_replica_first_then_on_every_other() -> None:
+    """crewjob.replicas.asking_order: the one order of the successor gate and the resolution
+    handler (a handed-over tombstone lives on another replica than the assigned one)."""
+    from crewfence_operator.crewjob.replicas import asking_order, parse_replicas
+
+    crew = {"status": {"replicas": [{"ordinal": o, "address": f"10.0.0.{o}:8443"}
+                                    for o in (2, 0, 1)]}}
+    listed = parse_replicas(crew)
+    assert [r.ordinal for r in asking_order(listed, 1)] == [1, 0, 2]
+    assert [r.ordinal for r in asking_order(listed, None)] == [0, 1, 2]
+    assert [r.ordinal for r in asking_order(listed, 7)] == [0, 1, 2]  # not listed: all asked
