@@ -254,6 +254,8 @@ class Journal:
                  journal_id: str) -> None:
         self._conn = conn
         self.path = path
+        self._files = (str(path), f"{path}-wal") if path is not None else ()
+        """The journal's files, whose sizes ``_check_room`` adds up on every admission."""
         self.limits = limits
         self.journal_id = journal_id
         self.records: dict[str, JobRecord] = {}
@@ -465,9 +467,9 @@ class Journal:
             size = self._conn.execute("PRAGMA page_size").fetchone()[0]
             return int(page * size)
         total = 0
-        for suffix in ("", "-wal"):
+        for name in self._files:
             with contextlib.suppress(FileNotFoundError):
-                total += self.path.with_name(self.path.name + suffix).stat().st_size
+                total += os.stat(name).st_size
         return total
 
     def state_bytes(self) -> int:
@@ -600,6 +602,13 @@ class Journal:
         stones = self._stones_from_rows(rows)
         return stones[0] if stones else None
 
+    def _tombstone_answers(self, action_id: str) -> bool:
+        """Whether an unexpired tombstone answers for the action id (``tombstone`` without
+        building it: one indexed lookup)."""
+        row = self._conn.execute("SELECT archived_at FROM tombstones WHERE action_id = ?",
+                                 (action_id,)).fetchone()
+        return row is not None and row[0] > self.tombstone_cutoff()
+
     def tombstones(self) -> list[Tombstone]:
         rows = self._conn.execute("SELECT action_id FROM tombstones ORDER BY archived_at")
         return [t for (aid,) in rows.fetchall() if (t := self.tombstone(aid)) is not None]
@@ -625,7 +634,7 @@ class Journal:
     # --- writes ----------------------------------------------------------------------------
     def admit(self, record: JobRecord, started_data: dict[str, Any]) -> JobEvent:
         """Insert a running record and its `started` event durably, or raise (nothing kept)."""
-        if record.action_id in self.records or self.tombstone(record.action_id) is not None:
+        if record.action_id in self.records or self._tombstone_answers(record.action_id):
             raise ValueError(f"action {record.action_id!r} already exists")
         if len(self.records) >= self.limits.max_retained_runs:
             raise JournalFull("the journal holds CREWFENCE_MAX_RETAINED_RUNS records; archive "

@@ -56,9 +56,15 @@ class SidecarMetrics:
                                      "Jobs that reached a terminal status",
                                      ["operation", "status"], registry=r)
         r.register(_OfflineLLMCalls())
+        self._admitted: dict[str, Counter] = {}
 
     def admission(self, operation: str) -> None:
-        self.admissions.labels(operation=operation).inc()
+        # the labelled child is looked up once per operation: ``labels()`` takes a lock and
+        # builds a key tuple, on every admission otherwise
+        child = self._admitted.get(operation)
+        if child is None:
+            child = self._admitted[operation] = self.admissions.labels(operation=operation)
+        child.inc()
 
     def exact_repeat(self) -> None:
         self.exact_repeats.inc()

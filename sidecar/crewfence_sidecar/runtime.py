@@ -194,6 +194,11 @@ async def _until_woken(watches: dict[str, _Watch], action_id: str,
                 del watches[action_id]
 
 
+def _log_admitted(req: StartRequest) -> None:
+    log.info("admitted", extra={"action_id": req.action_id, "crew_id": req.crew_id,
+                                "operation": req.operation.value})
+
+
 EFFECT_WAIT_SECONDS = 60.0
 """How long a tool call waits for its durable start before it is refused (not run)."""
 ANSWER_WAIT_SECONDS = 1.0
@@ -260,8 +265,9 @@ class Runtime:
             record = self._persist_admission(req, digest)
             self._start(record, req, plan)
             self.metrics.admission(req.operation.value)
-            log.info("admitted", extra={"action_id": req.action_id, "crew_id": req.crew_id,
-                                        "operation": req.operation.value})
+            # written once the answer is on its way (the next turn of the event loop): the
+            # record is durable already, and the answer does not wait for a log line
+            asyncio.get_running_loop().call_soon(_log_admitted, req)
             return Admission(record, created=True)
 
     def _check_admissible(self, req: StartRequest) -> None:

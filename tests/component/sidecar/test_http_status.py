@@ -276,3 +276,20 @@ async def test_logs_are_json_with_ids_and_never_inputs_outputs_or_tokens(
     for secret in ("SECRET-INPUT-4711", "SECRET-KEY-0815", "SECRET-WRONG-TOKEN", TOKEN,
                    output_raw):
         assert secret not in text
+
+
+async def test_each_new_admission_is_logged_once_after_its_answer(
+        make_client: Any, caplog: Any) -> None:
+    """Invariant (Runtime.admit): every new admission writes one ``admitted`` line with its
+    ids (on the loop turn after the answer: the answer does not wait for it); an exact
+    repeat writes none."""
+    caplog.set_level(logging.INFO, logger="crewfence")
+    c = await make_client()
+    body = start_body("ns/admitted-log")
+    for _ in range(2):  # the second is an exact repeat
+        r = await c.post("/jobs", json=body, headers=headers("k-log", async_=True))
+        assert r.status in (200, 202)
+    admitted = [rec for rec in caplog.records if rec.getMessage() == "admitted"]
+    assert [(getattr(rec, "action_id", None), getattr(rec, "crew_id", None),
+             getattr(rec, "operation", None)) for rec in admitted] == [
+        ("ns/admitted-log", "research", "run")]

@@ -294,6 +294,30 @@ def test_a_tombstone_answers_until_its_retention_then_never_again(jpath: Path) -
     j.close()
 
 
+def test_a_tombstone_that_expires_while_open_frees_its_action_id(jpath: Path) -> None:
+    """Invariant (Journal.admit, its one-lookup tombstone check): a tombstone past its
+    retention no longer blocks the action id even before a reopen expires it (its row goes
+    with the new admission's transaction); one within its retention does."""
+    from datetime import UTC, datetime, timedelta
+
+    from crewfence_sidecar.journal import utc_iso
+
+    j = _archived(jpath, "a", tombstone_retention_seconds=3600)
+    j._conn.execute("UPDATE tombstones SET archived_at = ?",
+                    (utc_iso(datetime.now(UTC) - timedelta(seconds=3500)),))
+    with pytest.raises(ValueError):
+        j.admit(_record("a"), {})
+    j._conn.execute("UPDATE tombstones SET archived_at = ?",
+                    (utc_iso(datetime.now(UTC) - timedelta(seconds=3601)),))
+    assert j.tombstone("a") is None
+    j.admit(_record("a"), {})
+    assert j._conn.execute("SELECT count(*) FROM tombstones").fetchone()[0] == 0
+    j.close()
+    j = _open(jpath, tombstone_retention_seconds=3600)  # restores: no record+tombstone pair
+    assert j.get("a") is not None
+    j.close()
+
+
 def test_an_expired_tombstone_is_not_imported(jpath: Path) -> None:
     from crewfence_sidecar.contract import Tombstone
 
