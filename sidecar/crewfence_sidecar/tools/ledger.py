@@ -21,7 +21,9 @@ Invariants:
   journal's one writer (the sink returns True only then). When it cannot be (journal full,
   persist failure, channel gone), the hook aborts the call (``HookAborted``: crewai does not
   run the tool), the ledger is ``refused``, every later model or tool call of the job is
-  aborted too, and the job fails certain (:class:`EffectNotJournaled`).
+  aborted too, and the job fails certain (:class:`EffectNotJournaled`). An error of the
+  ledger's own before the start is journaled refuses the call the same way (fail closed:
+  crewai runs a tool whose pre-tool hook raised anything but ``HookAborted``).
 - One commit per tool call start: the ``model_call`` that ended at the call's start (the
   model chose the tool) is handed to the sink as the start's ``preceding`` and journaled in
   the same durable transaction, never in one of its own on the path the tool waits for.
@@ -428,6 +430,31 @@ class JobLedger:
         return stack
 
     def tool_started(self, ctx: Any) -> None:
+        """Journal the call's start durably, or abort it (``HookAborted``: crewai runs no
+        tool).
+
+        Invariant (fail closed): crewai swallows any other exception a hook raises and runs
+        the tool anyway, so an error of the ledger's own before the start is journaled (a
+        tool identity it cannot read, arguments it cannot hash) refuses the call and the
+        job, as a start the journal refused does."""
+        from crewai.hooks.dispatch import HookAborted
+
+        stack = len(self._stack())
+        try:
+            self._tool_started(ctx)
+        except HookAborted:
+            raise
+        except Exception as exc:
+            self.refused = True
+            if len(self._stack()) == stack:  # the post-tool hook pops one entry per call
+                self._stack().append(_ToolCall(
+                    tool=str(getattr(ctx, "tool_name", "") or ""), server=None, task=None,
+                    task_index=0, call_index=0, key="", started=time.perf_counter(),
+                    token=None, refused=True))
+            raise HookAborted(f"crewfence: the tool call's start could not be journaled "
+                              f"({type(exc).__name__})", source="crewfence-ledger") from None
+
+    def _tool_started(self, ctx: Any) -> None:
         from crewai.hooks.dispatch import HookAborted
 
         task = getattr(ctx, "task", None)
