@@ -469,9 +469,10 @@ class Journal:
             size = self._conn.execute("PRAGMA page_size").fetchone()[0]
             return int(page * size)
         total = 0
-        for suffix in ("", "-wal"):
+        base = str(self.path)  # plain os.stat: checked on every commit of an event
+        for name in (base, base + "-wal"):
             with contextlib.suppress(FileNotFoundError):
-                total += self.path.with_name(self.path.name + suffix).stat().st_size
+                total += os.stat(name).st_size
         return total
 
     def state_bytes(self) -> int:
