@@ -1055,6 +1055,36 @@ MAX_STATUS_IN_DOUBT: Final = 10
 MAX_IN_DOUBT_LISTED: Final = MAX_STATUS_IN_DOUBT
 
 
+_JCS_INT_MAX: Final = 2 ** 53 - 1
+"""The largest integer RFC 8785 serialises (the IEEE 754 safe range)."""
+_JCS_PLAIN_TYPES: Final = (str, int, bool, type(None))
+
+
+def _jcs_plain_object(value: Any) -> bytes | None:
+    """RFC 8785 JSON of a flat object (ASCII keys; str, safe int, bool or null values) by
+    ``json.dumps``, the common shape of tool arguments; None for any other value.
+
+    Invariant (same bytes as ``rfc8785.dumps``): for this shape the two agree. ASCII keys
+    sort the same by code point as by UTF-16 code unit; ``json.dumps`` with
+    ``ensure_ascii=False`` escapes exactly what RFC 8785 escapes (``"``, ``\\``, C0
+    controls, short forms for ``\\b\\f\\n\\r\\t``, lowercase ``\\u00xx``); a string
+    that is not UTF-8 (a lone surrogate) is left to ``rfc8785``. Proven against ``rfc8785``
+    by ``tests/unit/sidecar/test_effects_summary.py``.
+    """
+    if type(value) is not dict:
+        return None
+    for key, item in value.items():
+        if type(key) is not str or not key.isascii() or type(item) not in _JCS_PLAIN_TYPES:
+            return None
+        if type(item) is int and not -_JCS_INT_MAX <= item <= _JCS_INT_MAX:
+            return None
+    try:
+        return json.dumps(value, sort_keys=True, ensure_ascii=False,
+                          separators=(",", ":")).encode("utf-8")
+    except UnicodeEncodeError:
+        return None
+
+
 def tool_idempotency_key(action_id: str, task_index: int, call_index: int) -> str:
     """The stable key of one tool call: ``cfk1-`` + 40 hex chars of SHA-256 over the RFC 8785
     JSON of ``{action_id, task_index, call_index}``.
@@ -1062,18 +1092,38 @@ def tool_idempotency_key(action_id: str, task_index: int, call_index: int) -> st
     Invariant: a replayed trajectory (same action, same task, same position of the call in
     its task) gets the same key, so a tool that deduplicates on it runs the effect once.
     """
-    material = rfc8785.dumps({"action_id": action_id, "task_index": task_index,
-                              "call_index": call_index})
+    fields: dict[str, Any] = {"action_id": action_id, "task_index": task_index,
+                              "call_index": call_index}
+    material = _jcs_plain_object(fields)
+    if material is None:
+        material = rfc8785.dumps(fields)
     return TOOL_IDEMPOTENCY_KEY_PREFIX + hashlib.sha256(material).hexdigest()[:40]
 
 
 def arguments_sha256(arguments: Any) -> str:
-    """Hex SHA-256 over the RFC 8785 JSON of tool arguments (``str()`` for what JSON lacks)."""
+    """Hex SHA-256 over the RFC 8785 JSON of tool arguments (``str()`` for what JSON lacks).
+
+    Never raises (the tool's start cannot be journaled without it): what RFC 8785 cannot
+    serialise even after the ``str()`` round trip (an integer beyond 2**53, NaN, a lone
+    surrogate, a cycle) is hashed from its lenient JSON text, or from its ``repr``."""
+    material = _jcs_plain_object(arguments)
+    if material is not None:
+        return hashlib.sha256(material).hexdigest()
     try:
         material = rfc8785.dumps(arguments)
     except (rfc8785.CanonicalizationError, ValueError, TypeError):
-        material = rfc8785.dumps(json.loads(json.dumps(arguments, default=str)))
+        try:
+            material = rfc8785.dumps(json.loads(json.dumps(arguments, default=str)))
+        except (rfc8785.CanonicalizationError, ValueError, TypeError, RecursionError):
+            material = _lenient_json(arguments)
     return hashlib.sha256(material).hexdigest()
+
+
+def _lenient_json(value: Any) -> bytes:
+    try:
+        return json.dumps(value, default=str, separators=(",", ":")).encode()
+    except (ValueError, TypeError, RecursionError):
+        return repr(value).encode("utf-8", "backslashreplace")
 
 
 @dataclass(frozen=True)

@@ -25,11 +25,12 @@ the inner wrapper untouched, so one model call is one ledger entry.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from pydantic import BaseModel
@@ -133,6 +134,23 @@ def _before(llm: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[An
     return job_ledger, task, False, None
 
 
+@contextlib.contextmanager
+def _making_call() -> Iterator[None]:
+    """The live call runs inside: an LLM that calls another wrapped one is journaled once."""
+    token = _INSIDE.set(True)
+    try:
+        yield
+    finally:
+        _INSIDE.reset(token)
+
+
+def _after(job_ledger: Any, task: Any, response: Any) -> Any:
+    """Hand the live call's response to the ledger (as material), and return it."""
+    if job_ledger is not None:
+        job_ledger.model_response(task, encode_response(response))
+    return response
+
+
 def _wrap_sync(call: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(call)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -141,14 +159,9 @@ def _wrap_sync(call: Callable[..., Any]) -> Callable[..., Any]:
         job_ledger, task, answered, answer = _before(self, args, kwargs)
         if answered:
             return answer
-        token = _INSIDE.set(True)
-        try:
+        with _making_call():
             response = call(self, *args, **kwargs)
-        finally:
-            _INSIDE.reset(token)
-        if job_ledger is not None:
-            job_ledger.model_response(task, encode_response(response))
-        return response
+        return _after(job_ledger, task, response)
 
     wrapper.__crewfence_wrapped__ = True  # type: ignore[attr-defined]
     return wrapper
@@ -162,14 +175,9 @@ def _wrap_async(acall: Callable[..., Any]) -> Callable[..., Any]:
         job_ledger, task, answered, answer = _before(self, args, kwargs)
         if answered:
             return answer
-        token = _INSIDE.set(True)
-        try:
+        with _making_call():
             response = await acall(self, *args, **kwargs)
-        finally:
-            _INSIDE.reset(token)
-        if job_ledger is not None:
-            job_ledger.model_response(task, encode_response(response))
-        return response
+        return _after(job_ledger, task, response)
 
     wrapper.__crewfence_wrapped__ = True  # type: ignore[attr-defined]
     return wrapper

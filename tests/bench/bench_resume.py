@@ -27,14 +27,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -46,10 +42,10 @@ sys.path.insert(0, str(SUPPORT))
 sys.path.insert(0, str(HERE.parent / "component" / "sidecar"))
 
 from sidecar_helpers import (  # noqa: E402
-    AUTH,
     SidecarProcess,
-    free_port,
     headers,
+    json_call,
+    mcp_ledger_server,
     sidecar_env,
     wait_until,
 )
@@ -79,16 +75,8 @@ crews:
 
 
 def call(url: str, method: str = "GET", body: dict[str, Any] | None = None,
-         extra: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
-    req = urllib.request.Request(url, method=method,
-                                 data=json.dumps(body).encode() if body is not None else None,
-                                 headers={**AUTH, "Content-Type": "application/json",
-                                          **(extra or {})})
-    try:
-        with urllib.request.urlopen(req, timeout=600) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
+         extra: dict[str, str] | None = None) -> tuple[int, Any]:
+    return json_call(url, method, body, extra, timeout=600)
 
 
 def ticket(title: str, sleep: float = 0) -> str:
@@ -163,18 +151,9 @@ def main() -> int:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="crewfence-bench-resume-") as raw:
         work = Path(raw)
-        ledger, port = work / "tickets.jsonl", free_port()
-        server = subprocess.Popen([sys.executable, str(SUPPORT / "mcp_ledger_server.py"),
-                                   str(port), str(ledger)], stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL)
-        try:
-            def listening() -> bool:
-                with socket.socket() as s:
-                    return s.connect_ex(("127.0.0.1", port)) == 0
-
-            wait_until(listening, 60, "the MCP server")
+        with mcp_ledger_server(work) as (mcp_url, ledger):
             crews = work / "crews.yaml"
-            crews.write_text(crews_yaml(f"http://127.0.0.1:{port}/mcp", args.tasks))
+            crews.write_text(crews_yaml(mcp_url, args.tasks))
             state = work / "state"
             state.mkdir(mode=0o700)
             env = sidecar_env(state / "journal.db", crews, CREWFENCE_RESUME_MATERIAL="1",
@@ -184,9 +163,6 @@ def main() -> int:
             for n in range(args.rounds):
                 order = ("rerun", "resume") if n % 2 == 0 else ("resume", "rerun")
                 rounds.append(one_round(work, env, ledger, args.tasks, f"r{n}", order))
-        finally:
-            server.send_signal(signal.SIGTERM)
-            server.wait(30)
     ok = True
     for side in ("rerun", "resume"):
         rows = [r[side] for r in rounds]

@@ -21,7 +21,9 @@ Invariants:
   journal's one writer (the sink returns True only then). When it cannot be (journal full,
   persist failure, channel gone), the hook aborts the call (``HookAborted``: crewai does not
   run the tool), the ledger is ``refused``, every later model or tool call of the job is
-  aborted too, and the job fails certain (:class:`EffectNotJournaled`).
+  aborted too, and the job fails certain (:class:`EffectNotJournaled`). An error of the
+  ledger's own before the start is journaled refuses the call the same way (fail closed:
+  crewai runs a tool whose pre-tool hook raised anything but ``HookAborted``).
 - One commit per tool call start: the ``model_call`` that ended at the call's start (the
   model chose the tool) is handed to the sink as the start's ``preceding`` and journaled in
   the same durable transaction, never in one of its own on the path the tool waits for.
@@ -171,14 +173,19 @@ def _tokens(llm: Any) -> tuple[int | None, int | None]:
 
 def _task_place(task: Any, crew: Any) -> tuple[str | None, int, int]:
     """(name, index, total) of ``task`` in its crew (``task-<index>`` when it has no name)."""
+    return _find_task_place(task, crew)[0]
+
+
+def _find_task_place(task: Any, crew: Any) -> tuple[tuple[str | None, int, int], bool]:
+    """:func:`_task_place`, and whether the task was found in its crew's task list."""
     if task is None:
-        return None, 0, 0
+        return (None, 0, 0), False
     if crew is None:
         crew = getattr(getattr(task, "agent", None), "crew", None)
     tasks = list(getattr(crew, "tasks", None) or [])
-    index = next((i for i, t in enumerate(tasks) if t is task), 0)
-    name = getattr(task, "name", None) or f"task-{index}"
-    return str(name), index, len(tasks) or 1
+    index = next((i for i, t in enumerate(tasks) if t is task), None)
+    name = getattr(task, "name", None) or f"task-{index or 0}"
+    return (str(name), index or 0, len(tasks) or 1), index is not None
 
 
 def _tool_identity(ctx: Any) -> tuple[str, str | None]:
@@ -252,6 +259,37 @@ class JobLedger:
     _next_model: dict[int, int] = field(default_factory=dict)
     _models: dict[int, _ModelCall] = field(default_factory=dict)
     _tools: threading.local = field(default_factory=threading.local)
+    _places: dict[int, tuple[Any, tuple[str | None, int, int]]] = field(default_factory=dict)
+    """Task places found (``id(task)`` -> (task, place)); the task is held so its id is not
+    reused while the job runs. Only places found in a crew's task list."""
+    _identities: dict[tuple[int, str], tuple[Any, tuple[str, str | None]]] = field(
+        default_factory=dict)
+    """Tool identities found (``(id(tool), tool_name)`` -> (tool, identity)), likewise."""
+
+    def _place(self, task: Any, crew: Any) -> tuple[str | None, int, int]:
+        """:func:`_task_place`, remembered per task for the job (on every tool call's path)."""
+        if task is None:
+            return None, 0, 0
+        known = self._places.get(id(task))
+        if known is not None and known[0] is task:
+            return known[1]
+        place, in_crew = _find_task_place(task, crew)
+        if in_crew:
+            self._places[id(task)] = (task, place)
+        return place
+
+    def _identity(self, ctx: Any) -> tuple[str, str | None]:
+        """:func:`_tool_identity`, remembered per tool object for the job."""
+        tool = getattr(ctx, "tool", None)
+        if tool is None:
+            return _tool_identity(ctx)
+        key = (id(tool), str(getattr(ctx, "tool_name", "") or ""))
+        known = self._identities.get(key)
+        if known is not None and known[0] is tool:
+            return known[1]
+        identity = _tool_identity(ctx)
+        self._identities[key] = (tool, identity)
+        return identity
 
     def _send(self, event: EventName, data: dict[str, Any], durable: bool = False,
               preceding: Sequence[Effect] = ()) -> bool:
@@ -428,13 +466,38 @@ class JobLedger:
         return stack
 
     def tool_started(self, ctx: Any) -> None:
+        """Journal the call's start durably, or abort it (``HookAborted``: crewai runs no
+        tool).
+
+        Invariant (fail closed): crewai swallows any other exception a hook raises and runs
+        the tool anyway, so an error of the ledger's own before the start is journaled (a
+        tool identity it cannot read, arguments it cannot hash) refuses the call and the
+        job, as a start the journal refused does."""
+        from crewai.hooks.dispatch import HookAborted
+
+        stack = len(self._stack())
+        try:
+            self._tool_started(ctx)
+        except HookAborted:
+            raise
+        except Exception as exc:
+            self.refused = True
+            if len(self._stack()) == stack:  # the post-tool hook pops one entry per call
+                self._stack().append(_ToolCall(
+                    tool=str(getattr(ctx, "tool_name", "") or ""), server=None, task=None,
+                    task_index=0, call_index=0, key="", started=time.perf_counter(),
+                    token=None, refused=True))
+            raise HookAborted(f"crewfence: the tool call's start could not be journaled "
+                              f"({type(exc).__name__})", source="crewfence-ledger") from None
+
+    def _tool_started(self, ctx: Any) -> None:
         from crewai.hooks.dispatch import HookAborted
 
         task = getattr(ctx, "task", None)
         held: list[Effect] = []  # the model call that chose this tool: one commit with it
         self._end_models(task, hold=held)
-        tool, server = _tool_identity(ctx)
-        name, task_index, _ = _task_place(task, getattr(ctx, "crew", None))
+        tool, server = self._identity(ctx)
+        name, task_index, _ = self._place(task, getattr(ctx, "crew", None))
         with self._lock:
             call_index = self._next_call.get(task_index, 0)
             self._next_call[task_index] = call_index + 1

@@ -219,6 +219,27 @@ async def test_in_process_a_tool_whose_start_cannot_be_journaled_never_runs(
     assert not any(e.event == "tool_call_started" for e in events)
 
 
+async def test_in_process_a_ledger_error_before_the_start_refuses_the_call(
+        tmp_path: Path, tool_ledger: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail closed: crewai runs a tool whose pre-tool hook raised anything but HookAborted,
+    so the ledger's own error before the start is journaled must refuse the call."""
+    from crewfence_sidecar.tools import ledger
+
+    def unhashable(_arguments: Any) -> str:
+        raise RuntimeError("cannot hash")
+
+    monkeypatch.setattr(ledger, "arguments_sha256", unhashable)
+    runtime = _runtime(_catalog(tmp_path))
+    try:
+        record, events = await _run(runtime, "desk", "ip-err", '[[tool:lookup {"term": "a"}]]')
+    finally:
+        await runtime.close()
+    assert _lines(tool_ledger) == []
+    assert record.status.value == "failed" and record.uncertain_outcome is False
+    assert record.error["exception"] == "EffectNotJournaled"
+    assert not any(e.event == "tool_call_started" for e in events)
+
+
 def test_the_python_accessor_is_none_outside_a_tool_call() -> None:
     from crewfence_sidecar.tool_context import current_idempotency_key, idempotency_key
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -10,12 +11,15 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 TOKEN = "test-token-0123456789"
+SUPPORT = Path(__file__).resolve().parents[2] / "support"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 ALL_OPS = "run,batch_run,replay,train,test,knowledge_query,memory_reset"
 SIDECAR_BIN = str(Path(sys.executable).with_name("crewfence-sidecar"))
@@ -134,6 +138,44 @@ def wait_until(check: Callable[[], T | None], timeout: float = 30.0,
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.02)
+
+
+def json_call(url: str, method: str = "GET", body: dict[str, Any] | None = None,
+              extra: dict[str, str] | None = None,
+              timeout: float = 120.0) -> tuple[int, Any]:
+    """One authorised JSON request to a sidecar: (status, decoded body), errors included."""
+    req = urllib.request.Request(url, method=method,
+                                 data=json.dumps(body).encode() if body is not None else None,
+                                 headers={**AUTH, "Content-Type": "application/json",
+                                          **(extra or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+@contextlib.contextmanager
+def mcp_ledger_server(where: Path) -> Iterator[tuple[str, Path]]:
+    """(URL, ledger file) of the real MCP test server (``tests/support/mcp_ledger_server.py``)
+    on loopback while the block runs; its ledger and log go in ``where``."""
+    ledger, port = where / "tickets.jsonl", free_port()
+    log = where / "server.log"
+    with log.open("wb") as err:
+        proc = subprocess.Popen([sys.executable, str(SUPPORT / "mcp_ledger_server.py"),
+                                 str(port), str(ledger)], stdout=subprocess.DEVNULL, stderr=err)
+
+    def listening() -> bool:
+        assert proc.poll() is None, log.read_text()
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", port)) == 0
+
+    try:
+        wait_until(listening, 60, "the MCP server to listen")
+        yield f"http://127.0.0.1:{port}/mcp", ledger
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
 
 
 def metric_value(text: str, name: str) -> float:

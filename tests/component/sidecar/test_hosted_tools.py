@@ -10,14 +10,12 @@ from __future__ import annotations
 import json
 import os
 import sys
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from crewfence_sidecar.contract import summarize_effects
-from sidecar_helpers import AUTH, SidecarProcess, headers, sidecar_env
+from sidecar_helpers import SidecarProcess, headers, json_call, sidecar_env
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "support"))
 from openai_fixture import OpenAIFixture
@@ -35,17 +33,6 @@ def openai_server() -> Iterator[OpenAIFixture]:
     server.stop()
 
 
-def _call(url: str, method: str = "GET", body: dict[str, Any] | None = None,
-          extra: dict[str, str] | None = None) -> tuple[int, Any]:
-    req = urllib.request.Request(url, method=method,
-                                 data=json.dumps(body).encode() if body is not None else None,
-                                 headers={**AUTH, "Content-Type": "application/json",
-                                          **(extra or {})})
-    try:
-        with urllib.request.urlopen(req, timeout=120) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
 
 
 def test_a_hosted_model_calls_a_tool_natively_and_the_ledger_holds_it(
@@ -80,8 +67,8 @@ crews:
         sidecar.wait_listening()
         body = {"crew_id": "hosted-desk", "action_id": "hosted-tool", "operation": "run",
                 "input": {"request": 'find [[tool:lookup {"term": "H-1"}]] please'}}
-        status, record = _call(f"{sidecar.url}/jobs", "POST", body, headers("key-hosted"))
-        _, page = _call(f"{sidecar.url}/jobs/hosted-tool/events?cursor=0&limit=1000")
+        status, record = json_call(f"{sidecar.url}/jobs", "POST", body, headers("key-hosted"))
+        _, page = json_call(f"{sidecar.url}/jobs/hosted-tool/events?cursor=0&limit=1000")
     finally:
         sidecar.terminate()
     assert status == 200, record

@@ -10,17 +10,19 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
-import subprocess
-import sys
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sidecar_helpers import AUTH, SidecarProcess, free_port, headers, sidecar_env, wait_until
+from sidecar_helpers import (
+    SidecarProcess,
+    headers,
+    json_call,
+    mcp_ledger_server,
+    sidecar_env,
+    wait_until,
+)
 
 pytestmark = pytest.mark.timeout(400)
 SUPPORT = Path(__file__).resolve().parents[2] / "support"
@@ -30,22 +32,8 @@ SUPPORT = Path(__file__).resolve().parents[2] / "support"
 def mcp_server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     """(URL, ledger file) of one MCP server for the test (its ledger counts only this
     test's calls)."""
-    ledger, port = tmp_path / "tickets.jsonl", free_port()
-    proc = subprocess.Popen([sys.executable, str(SUPPORT / "mcp_ledger_server.py"), str(port),
-                             str(ledger)], stdout=subprocess.DEVNULL,
-                            stderr=(tmp_path / "server.log").open("wb"))
-
-    def listening() -> bool:
-        assert proc.poll() is None, (tmp_path / "server.log").read_text()
-        with socket.socket() as s:
-            return s.connect_ex(("127.0.0.1", port)) == 0
-
-    try:
-        wait_until(listening, 60, "the MCP server to listen")
-        yield f"http://127.0.0.1:{port}/mcp", ledger
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(30)
+    with mcp_ledger_server(tmp_path) as server:
+        yield server
 
 
 def _crews_yaml(url: str) -> str:
@@ -108,16 +96,8 @@ def env(tmp_path: Path, mcp_server: tuple[str, Path]) -> dict[str, str]:
 
 
 def _call(url: str, method: str = "GET", body: dict[str, Any] | None = None,
-          extra: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
-    req = urllib.request.Request(url, method=method,
-                                 data=json.dumps(body).encode() if body is not None else None,
-                                 headers={**AUTH, "Content-Type": "application/json",
-                                          **(extra or {})})
-    try:
-        with urllib.request.urlopen(req, timeout=180) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
+          extra: dict[str, str] | None = None) -> tuple[int, Any]:
+    return json_call(url, method, body, extra, timeout=180)
 
 
 def _ticket(title: str, sleep: float = 0) -> str:

@@ -10,10 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
-import subprocess
-import sys
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,10 +17,10 @@ from typing import Any
 import pytest
 from crewfence_sidecar.contract import EFFECT_EVENTS, summarize_effects
 from sidecar_helpers import (
-    AUTH,
     SidecarProcess,
-    free_port,
     headers,
+    json_call,
+    mcp_ledger_server,
     refused_start,
     sidecar_env,
     wait_until,
@@ -37,23 +33,8 @@ SUPPORT = Path(__file__).resolve().parents[2] / "support"
 @pytest.fixture(scope="module")
 def mcp_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     """(URL, ledger file) of one MCP server for the module."""
-    where = tmp_path_factory.mktemp("mcp")
-    ledger, port = where / "tickets.jsonl", free_port()
-    proc = subprocess.Popen([sys.executable, str(SUPPORT / "mcp_ledger_server.py"), str(port),
-                             str(ledger)], stdout=subprocess.DEVNULL,
-                            stderr=(where / "server.log").open("wb"))
-
-    def listening() -> bool:
-        assert proc.poll() is None, (where / "server.log").read_text()
-        with socket.socket() as s:
-            return s.connect_ex(("127.0.0.1", port)) == 0
-
-    try:
-        wait_until(listening, 60, "the MCP server to listen")
-        yield f"http://127.0.0.1:{port}/mcp", ledger
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(30)
+    with mcp_ledger_server(tmp_path_factory.mktemp("mcp")) as server:
+        yield server
 
 
 def _crews_yaml(url: str) -> str:
@@ -110,27 +91,16 @@ def desk(tmp_path: Path, mcp_server: tuple[str, Path]) -> dict[str, Any]:
             "mcp_url": mcp_server[0]}
 
 
-def _call(url: str, method: str = "GET", body: dict[str, Any] | None = None,
-          extra: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
-    req = urllib.request.Request(url, method=method,
-                                 data=json.dumps(body).encode() if body is not None else None,
-                                 headers={**AUTH, "Content-Type": "application/json",
-                                          **(extra or {})})
-    try:
-        with urllib.request.urlopen(req, timeout=120) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
 
 
 def _start(url: str, action_id: str, request: str, *, async_: bool = False) -> tuple[int, Any]:
     body = {"crew_id": "desk", "action_id": action_id, "operation": "run",
             "input": {"request": request}}
-    return _call(f"{url}/jobs", "POST", body, headers(f"key-{action_id}", async_=async_))
+    return json_call(f"{url}/jobs", "POST", body, headers(f"key-{action_id}", async_=async_))
 
 
 def _events(url: str, action_id: str) -> list[dict[str, Any]]:
-    status, page = _call(f"{url}/jobs/{action_id}/events?cursor=0&limit=1000")
+    status, page = json_call(f"{url}/jobs/{action_id}/events?cursor=0&limit=1000")
     assert status == 200, page
     return list(page["events"])
 
@@ -156,7 +126,7 @@ def test_two_tool_calls_are_journaled_in_order_with_the_keys_the_server_saw(
                                 f"{_ticket('T2-a')} then {_ticket('T2-b')}")  # blocking
         assert status == 200, record  # the blocking answer: the run's output
         assert "Offline answer" in record["raw"]
-        _, record = _call(f"{sidecar.url}/jobs/two-calls")
+        _, record = json_call(f"{sidecar.url}/jobs/two-calls")
         assert record["status"] == "completed"
         events = _events(sidecar.url, "two-calls")
     finally:
@@ -204,7 +174,7 @@ def test_a_sigkilled_sidecar_leaves_exactly_the_call_in_flight_in_doubt(
     second = SidecarProcess([], desk["env"], desk["tmp"] / "second.log").start()
     try:
         second.wait_listening()
-        status, record = _call(f"{second.url}/jobs/in-flight")
+        status, record = json_call(f"{second.url}/jobs/in-flight")
         assert status == 200
         assert record["status"] == "failed" and record["uncertain_outcome"] is True
         events = _events(second.url, "in-flight")
@@ -262,7 +232,7 @@ def test_a_sidecar_killed_by_the_tool_body_already_holds_its_start(
         pid_file.write_text(str(first.proc.pid))
         body = {"crew_id": "wire", "action_id": "tripped", "operation": "run",
                 "input": {"request": '[[tool:tripwire {"note": "W-1"}]]'}}
-        status, _ = _call(f"{first.url}/jobs", "POST", body, headers("key-trip", async_=True))
+        status, _ = json_call(f"{first.url}/jobs", "POST", body, headers("key-trip", async_=True))
         assert status == 202
         assert first.wait_exit(120) == -signal.SIGKILL
     finally:
@@ -272,7 +242,7 @@ def test_a_sidecar_killed_by_the_tool_body_already_holds_its_start(
     second = SidecarProcess([], desk["env"], desk["tmp"] / "second.log").start()
     try:
         second.wait_listening()
-        _, record = _call(f"{second.url}/jobs/tripped")
+        _, record = json_call(f"{second.url}/jobs/tripped")
         events = _events(second.url, "tripped")
     finally:
         second.terminate()
@@ -294,9 +264,9 @@ def test_a_tool_that_raises_is_a_finished_call_with_its_error(desk: dict[str, An
             '[[tool:explode {"reason": "E-1"}]] [[tool:tickets/reject_ticket {"title": "E-2"}]]'
             ' [[tool:lookup {"term": "E-3"}]]', async_=True)
         assert status == 202
-        wait_until(lambda: _call(f"{sidecar.url}/jobs/raises")[1]["status"] != "running", 120,
+        wait_until(lambda: json_call(f"{sidecar.url}/jobs/raises")[1]["status"] != "running", 120,
                    "the job to end")
-        _, record = _call(f"{sidecar.url}/jobs/raises")
+        _, record = json_call(f"{sidecar.url}/jobs/raises")
         events = _events(sidecar.url, "raises")
     finally:
         sidecar.terminate()
@@ -366,7 +336,7 @@ def test_a_registry_crew_using_crewais_mcp_dsl_is_journaled_and_sends_the_key(
         sidecar.wait_listening()
         body = {"crew_id": "registry-mcp", "action_id": "reg-mcp", "operation": "run",
                 "input": {"request": f'[[tool:{name} {{"title": "R-1"}}]]'}}
-        status, _ = _call(f"{sidecar.url}/jobs", "POST", body, headers("key-reg-mcp"))
+        status, _ = json_call(f"{sidecar.url}/jobs", "POST", body, headers("key-reg-mcp"))
         assert status == 200
         events = _events(sidecar.url, "reg-mcp")
     finally:

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from typing import Any
 
+import pytest
 import rfc8785
 from crewfence_sidecar.contract import (
     JobEvent,
+    _jcs_plain_object,
     arguments_sha256,
     summarize_effects,
     tool_idempotency_key,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 
 def _started(key: str, tool: str = "tickets/create_ticket", server: str | None = "tickets",
@@ -52,6 +57,67 @@ def test_the_key_is_cfk1_and_40_hex_of_the_canonical_identity() -> None:
 def test_arguments_hash_ignores_key_order() -> None:
     assert arguments_sha256({"a": 1, "b": [1, 2]}) == arguments_sha256({"b": [1, 2], "a": 1})
     assert arguments_sha256({"a": 1}) != arguments_sha256({"a": 2})
+
+
+def _reference_arguments_sha256(arguments: Any) -> str | None:
+    """The hash before the fast path (None: it raised)."""
+    try:
+        try:
+            material = rfc8785.dumps(arguments)
+        except (rfc8785.CanonicalizationError, ValueError, TypeError):
+            material = rfc8785.dumps(json.loads(json.dumps(arguments, default=str)))
+    except (rfc8785.CanonicalizationError, ValueError, TypeError):
+        return None
+    return hashlib.sha256(material).hexdigest()
+
+
+_SCALARS = (st.none() | st.booleans() | st.text()
+            | st.integers(min_value=-(2 ** 60), max_value=2 ** 60)
+            | st.floats(allow_nan=False, allow_infinity=False))
+_VALUES = st.recursive(_SCALARS, lambda inner: st.lists(inner, max_size=3)
+                       | st.dictionaries(st.text(max_size=4), inner, max_size=3), max_leaves=8)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.dictionaries(st.text(max_size=6) | st.sampled_from(["a", "B", "_", "\u00e9", "\U0001f600",
+                                                              "\uff61", "\x7f", "\n"]),
+                       _VALUES, max_size=5))
+def test_the_fast_canonical_json_is_byte_for_byte_rfc8785(arguments: dict[str, Any]) -> None:
+    """The json.dumps path (flat objects of plain scalars) gives RFC 8785's bytes, and every
+    other shape still hashes as RFC 8785 does."""
+    fast = _jcs_plain_object(arguments)
+    if fast is not None:
+        assert fast == rfc8785.dumps(arguments)
+    reference = _reference_arguments_sha256(arguments)
+    assert arguments_sha256(arguments) == reference or reference is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(), st.integers(min_value=0, max_value=2 ** 53 - 1),
+       st.integers(min_value=0, max_value=2 ** 53 - 1))
+def test_the_key_is_rfc8785_for_any_action_id(action_id: str, task: int, call: int) -> None:
+    fields = {"action_id": action_id, "task_index": task, "call_index": call}
+    try:
+        material = rfc8785.dumps(fields)
+    except rfc8785.CanonicalizationError:  # a lone surrogate: refused as before
+        return
+    assert tool_idempotency_key(action_id, task, call) == (
+        "cfk1-" + hashlib.sha256(material).hexdigest()[:40])
+
+
+def test_the_fast_path_takes_the_common_shapes_and_leaves_the_rest() -> None:
+    assert _jcs_plain_object({"n": 3, "q": "caf\u00e9\n", "ok": True, "none": None}) is not None
+    for other in ({"f": 1.5}, {"nested": {"a": 1}}, {"l": [1]}, {"\u00e9": 1}, {1: 2},
+                  {"big": 2 ** 53}, {"s": "\ud800"}, [1], "x"):
+        assert _jcs_plain_object(other) is None, other
+
+
+@pytest.mark.parametrize("arguments", [{"n": 2 ** 60}, {"x": float("nan")}, {"s": "\ud800"},
+                                       {"n": [2 ** 60]}, {1: 2 ** 70}])
+def test_arguments_rfc8785_cannot_serialise_still_hash(arguments: Any) -> None:
+    """The hash never raises: a hook that raised would let crewai run the tool unjournaled."""
+    assert len(arguments_sha256(arguments)) == 64
+    assert arguments_sha256(arguments) == arguments_sha256(arguments)
 
 
 def test_counts_and_tokens() -> None:

@@ -203,6 +203,48 @@ def test_restore_detects_tampered_event_sequences(jpath: Path) -> None:
         _open(jpath)
 
 
+def test_an_append_inserts_event_rows_and_rewrites_no_record_row(jpath: Path) -> None:
+    """One table per append: a durable effect commit syncs the events page alone (the
+    record's row, a second page in the WAL, is rewritten only when the record ends)."""
+    j = _open(jpath)
+    j.admit(_record("a"), {})
+    statements: list[str] = []
+    j._conn.set_trace_callback(statements.append)
+    j.append_events("a", [("model_call", {"n": 1}), ("tool_call_started", {"n": 2})],
+                    durable=True)
+    j._conn.set_trace_callback(None)
+    writes = [s for s in statements if s.lstrip().upper().startswith(("INSERT", "UPDATE"))]
+    assert writes and all(s.startswith("INSERT INTO events") for s in writes), writes
+    rec = j.get("a")
+    assert rec is not None and rec.event_count == 3
+    j.finish("a", Status.COMPLETED, output=None, error=None, uncertain=False, event_data={})
+    j.close()
+    conn = sqlite3.connect(jpath)
+    assert conn.execute("SELECT event_count FROM records").fetchone()[0] == 4
+    conn.close()
+    j2 = _open(jpath)  # a terminal record's count is exact again
+    assert [e.sequence for e in j2.events("a")] == [0, 1, 2, 3]
+    j2.close()
+
+
+@pytest.mark.parametrize("status", ["running", "completed"])
+def test_restore_detects_events_lost_behind_the_stored_count(jpath: Path,
+                                                             status: str) -> None:
+    j = _open(jpath)
+    j.admit(_record("a"), {})
+    j.append_event("a", "chunk", {})
+    if status == "completed":
+        j.finish("a", Status.COMPLETED, output=None, error=None, uncertain=False,
+                 event_data={})
+    j.close()
+    conn = sqlite3.connect(jpath)
+    conn.execute("UPDATE records SET event_count = 9")  # more events than there are
+    conn.commit()
+    conn.close()
+    with pytest.raises(JournalError, match="disagree"):
+        _open(jpath)
+
+
 def test_restore_detects_duplicate_action_ids(jpath: Path) -> None:
     j = _open(jpath)
     j.admit(_record("a"), {})
