@@ -26,6 +26,13 @@ Invariants kept here:
   before anything of the job runs): it is offered to another worker (at most
   ``MAX_ATTEMPTS`` in all), and when none starts it, it fails as certain (``job_started:
   false``), never as an uncertain outcome.
+- A burst's workers stay warm: an idle reused worker goes back to the pool while it is alive
+  (it is counted as live anyway, so busy + idle <= max_live holds), so the next burst finds
+  as many warm workers as the last one used instead of forking cold ones beside its jobs
+  (a fork at admission costs the job ~3x the CPU of a reused worker; a spare's warm-up
+  kickoff runs beside the jobs). So a sidecar keeps up to maxConcurrency workers after a
+  burst that used them (the pod must fit that many running anyway); they exit when their
+  job count or resident set reaches its bound, or with the sidecar.
 - Reuse only after a job ended on its own: a worker goes back to the pool only when its job
   sent a result or an error and then the worker itself reported ``idle`` (its checks in
   :mod:`crewfence_sidecar.workers.reuse` passed). A cancelled, timed-out or stopped job's
@@ -153,7 +160,7 @@ class WorkerExecutor:
     oldest given out first) while ``live workers < max_live``, so spares never push the
     process count past maxConcurrency; without ``max_live`` every job forks its own worker.
     A worker may run up to ``max_jobs`` jobs (worker reuse; 1 = one job per worker); an idle
-    reused worker is kept while the pool holds fewer than ``max(spares, 1)`` workers.
+    reused worker is kept (a burst's workers stay warm for the next burst).
     """
 
     def __init__(self, supervisor: Supervisor,
@@ -208,9 +215,10 @@ class WorkerExecutor:
         self._refill()
 
     def _put_back(self, handle: WorkerHandle) -> bool:
-        """Return an idle worker to the pool (first in line); False when it cannot stay."""
-        if (self.max_live is None or not self.supervisor.available or handle.exited.done()
-                or len(self._spares) >= max(self.spares, 1)):
+        """Return an idle worker to the pool (first in line); False when it cannot stay.
+        It stays even beyond ``max(spares, 1)``: it is counted as live either way (busy +
+        idle <= max_live), and the next burst then finds it warm."""
+        if self.max_live is None or not self.supervisor.available or handle.exited.done():
             return False
         handle.spare = True  # its next start includes waiting: not a start latency
         self._spares.appendleft(handle)
@@ -269,7 +277,7 @@ class WorkerExecutor:
                     handle.cpu_seconds_before = idle_cpu
                     handle.jobs_done += 1
                     idle = self._put_back(handle)
-                    if not idle:  # the pool is full: it exits; counted until reaped
+                    if not idle:  # the sidecar is losing its template: it exits
                         handle.close()
             if not idle:
                 exit_status = await asyncio.shield(handle.exited)

@@ -17,6 +17,8 @@ Invariants kept here:
   double fork) is re-parented to the template when its worker dies; before reporting
   ``exited`` the template SIGKILLs and reaps every such leftover, so a record that says
   ``work_stopped`` never has a descendant of its job still running.
+- crewai's file locks are waited for without 0.25 s polls (``crewai_locks``, installed
+  before the warm-up, inherited by every worker).
 - Dies with the sidecar: PR_SET_PDEATHSIG (SIGTERM) and the end of the control socket both
   make it SIGKILL every worker group it started, reap them and exit.
 """
@@ -125,8 +127,10 @@ def load(settings: TemplateSettings) -> tuple[Any, dict[str, Any]]:
         definitions = load_crews_file(crews_file) if crews_file is not None else {}
     except (CatalogError, DefinitionError) as exc:
         return None, {"type": "startup_error", "message": f"crews: {exc}"}
+    from crewfence_sidecar.workers import crewai_locks
     from crewfence_sidecar.workers.warmup import warm_up
 
+    crewai_locks.install()  # workers inherit it: no 0.25 s polls when their kickoffs collide
     warm_up()
     gc.freeze()  # the collector never writes to the template's objects in a worker (COW)
     return catalog, {"type": "ready", "crew_ids": catalog.crew_ids(),

@@ -333,3 +333,36 @@ async def test_a_worker_over_the_resident_set_bound_is_not_reused(
         c.executor.stats.not_reused
     _assert_completed(await _run(c, "heavy-2"), "heavy-2")
     assert _pid(worker_template, "heavy-2") != heavy
+
+
+async def _burst(c: Any, tag: str, n: int = 4) -> list[dict[str, Any]]:
+    """``n`` jobs at once, each inside its model call long enough for all to overlap."""
+    import asyncio
+
+    async def one(k: int) -> dict[str, Any]:
+        action_id = f"{tag}-{k}"
+        r = await c.post("/jobs", json=start_body(action_id, crew_id="tagged",
+                                                  topic=f"[[sleep:0.5]] TAG-{action_id}"),
+                         headers=headers(action_id))
+        assert r.status == 200, await r.text()
+        return dict(await (await c.get(job_path(action_id), headers=AUTH)).json())
+
+    return list(await asyncio.gather(*(one(k) for k in range(n))))
+
+
+async def test_a_burst_leaves_its_workers_warm_for_the_next_burst(
+        make_worker_client: Any, worker_template: Template) -> None:
+    """Invariant (a burst's workers stay warm): after 4 jobs at once (maxConcurrency 4, 2
+    spares) all four workers are idle in the pool, and the next burst runs in them: no
+    worker is forked for it (before, two of the four exited and the next burst forked)."""
+    c = await make_worker_client(CREWFENCE_WORKER_SPARES="2")
+    for record in await _burst(c, "first"):
+        assert record["status"] == "completed", record
+    first = {_pid(worker_template, f"first-{k}") for k in range(4)}
+    assert len(first) == 4
+    await until(lambda: set(c.executor.spare_pids) == first, "all four workers to be idle")
+    for record in await _burst(c, "second"):
+        assert record["status"] == "completed", record
+    second = {_pid(worker_template, f"second-{k}") for k in range(4)}
+    assert second == first, c.executor.stats.not_reused
+    assert c.executor.stats.reused_jobs >= 4
