@@ -38,14 +38,17 @@ mypy sidecar/crewfence_sidecar operator/crewfence_operator
 # on one worker (module fixtures stay shared inside a file); every worker that gets e2e files
 # starts its own control plane (tests/e2e/conftest.py). CREWFENCE_TEST_WORKERS=0 runs the
 # suite serially in one process, as `python -m pytest tests` does; so does a reused cluster
-# (CREWFENCE_E2E_STATE_DIR), which only one session may drive.
+# (CREWFENCE_E2E_STATE_DIR), which only one session may drive. Files go out heaviest first
+# (tests/conftest.py, by tests/file_seconds.json; `--no-loadscope-reorder` keeps that order)
+# and the 25 slowest tests are listed at the end of every log.
 workers=${CREWFENCE_TEST_WORKERS:-2}
 if [[ -n ${CREWFENCE_E2E_STATE_DIR:-} ]]; then
   workers=0
 fi
 echo "crewfence: pytest ($workers workers; load average $(cut -d' ' -f1-3 /proc/loadavg))"
 status=0
-python -m pytest tests -n "$workers" --dist loadfile "$@" || status=$?
+python -m pytest tests -n "$workers" --dist loadfile --no-loadscope-reorder --durations=25 "$@" \
+  || status=$?
 if [[ $status -eq 5 ]]; then
   echo "crewfence: pytest collected no test to run (exit 5); that is a failure" >&2
 fi
