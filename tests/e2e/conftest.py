@@ -143,7 +143,7 @@ def operator_factory(cluster: Cluster, _operators: list[Operator]) -> Callable[.
             path = cluster.state_dir / f"operator-{ns}-{name}.kubeconfig"
             kubeconfig = str(cluster.service_account_kubeconfig(ns, name, path))
         launch = OperatorLaunch.for_cluster(kubeconfig, cluster.state_dir, **launch_fields)
-        op = Operator(cluster, launch, service_account)
+        op = Operator(cluster, launch, service_account, customised=bool(launch_fields))
         _operators.append(op)
         op.start()
         return op
@@ -155,9 +155,12 @@ def operator_factory(cluster: Cluster, _operators: list[Operator]) -> Callable[.
 def operator_process(
     operator_factory: Callable[..., Operator], _operators: list[Operator]
 ) -> Operator:
-    """The shared operator (admin credentials), restarted if an earlier test stopped it."""
+    """The shared operator (admin credentials, default launch), restarted if an earlier test
+    stopped it or left one with other settings (a file's `webhook_mode="off"` operator must
+    not serve the next file, whatever order the files run in)."""
     current = _operators[0] if _operators else None
-    if current is not None and current.service_account is None and current.alive():
+    if (current is not None and current.service_account is None and not current.customised
+            and current.alive()):
         return current
     return operator_factory()
 

@@ -201,6 +201,8 @@ class Operator:
     cluster: Cluster
     launch: OperatorLaunch
     service_account: str | None = None
+    # Started with non-default launch fields (e.g. webhook_mode="off"): never the shared one.
+    customised: bool = False
 
     @property
     def log_path(self) -> Path:
