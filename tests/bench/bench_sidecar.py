@@ -364,7 +364,7 @@ def mtls_pki(base: Path) -> tuple[dict[str, str], Any]:
     return env, ctx
 
 
-async def _blocking(session: aiohttp.ClientSession, url: str, crew_id: str, action_id: str,
+async def blocking_run(session: aiohttp.ClientSession, url: str, crew_id: str, action_id: str,
                     topic: str) -> float:
     body = {"crew_id": crew_id, "action_id": action_id, "operation": "run",
             "input": {"topic": topic}}
@@ -449,7 +449,7 @@ async def _run_modes(s: aiohttp.ClientSession, url: str, crew_id: str, runner: A
                      sidecar_first: bool) -> dict[str, tuple[list[float], list[float]]]:
     """One pair's samples of one crew: ``{mode: (sidecar, in-process)}``."""
     async def side_once(name: str) -> float:
-        return await _blocking(s, url, crew_id, f"{tag}-{name}", f"topic {name}")
+        return await blocking_run(s, url, crew_id, f"{tag}-{name}", f"topic {name}")
 
     async def side_four(name: str) -> list[float]:
         return list(await asyncio.gather(*(side_once(f"{name}-{j}") for j in range(4))))

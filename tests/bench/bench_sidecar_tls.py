@@ -27,7 +27,6 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +34,9 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_sidecar import (
-    AUTH,
     CREWS,
     await_quiet,
+    blocking_run,
     ms,
     mtls_pki,
     pct,
@@ -48,14 +47,7 @@ from bench_sidecar import (
 
 
 async def _run(session: aiohttp.ClientSession, url: str, action_id: str, topic: str) -> float:
-    body = {"crew_id": "research", "action_id": action_id, "operation": "run",
-            "input": {"topic": topic}}
-    t = time.perf_counter()
-    async with session.post(f"{url}/jobs", json=body,
-                            headers={**AUTH, "Idempotency-Key": action_id}) as r:
-        await r.read()
-        assert r.status == 200, r.status
-    return time.perf_counter() - t
+    return await blocking_run(session, url, "research", action_id, topic)
 
 
 async def run_benchmark(base: Path, runs: int, pairs: int) -> dict[str, Any]:

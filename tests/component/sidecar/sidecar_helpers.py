@@ -263,3 +263,22 @@ def refused_start(tmp_path: Path, env: dict[str, str], *args: str) -> str:
     assert len(lines) == 1, lines
     assert lines[0].startswith("crewfence-sidecar: error: ")
     return lines[0]
+
+
+async def uncertain_after_restart(make_client: Any, action_ids: tuple[str, ...]) -> Any:
+    """Jobs stopped while running (the sidecar stops: failed + uncertain), then a client of
+    the sidecar opened again on the same journal; each record is checked uncertain."""
+    from crewfence_sidecar.contract import job_path
+
+    c = await make_client()
+    for action_id in action_ids:
+        r = await c.post("/jobs", json=start_body(action_id, topic="[[sleep:30]] slowly"),
+                         headers=headers(action_id.replace("/", "-"), async_=True))
+        assert r.status == 202, await r.text()
+    await c.sidecar.runtime.close()
+    c.sidecar.opened.close()
+    c = await make_client()
+    for action_id in action_ids:
+        record = await (await c.get(job_path(action_id), headers=AUTH)).json()
+        assert record["uncertain_outcome"] is True, record
+    return c

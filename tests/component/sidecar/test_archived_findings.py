@@ -14,7 +14,7 @@ from typing import Any
 import aiohttp
 from crewfence_operator.sidecar_client import Endpoint, SidecarClient
 from crewfence_sidecar.contract import JobEvent, job_path
-from sidecar_helpers import AUTH, headers, start_body
+from sidecar_helpers import AUTH, uncertain_after_restart
 
 RESOLVE = {"crew_id": "research", "note": "provider logs show no request",
            "evidence": ["https://tickets/1"], "resolved_by": "kubectl-crewfence"}
@@ -24,18 +24,6 @@ CONFIRM = "X-AIP-Archive-Confirmation"
 def _client(session: aiohttp.ClientSession, c: Any) -> SidecarClient:
     return SidecarClient(session, Endpoint(f"127.0.0.1:{c.server.port}",
                                            AUTH["Authorization"].split()[1]))
-
-
-async def _uncertain(make_client: Any, action_ids: tuple[str, ...]) -> Any:
-    """Jobs stopped while running (failed + uncertain), the sidecar opened again."""
-    c = await make_client()
-    for action_id in action_ids:
-        r = await c.post("/jobs", json=start_body(action_id, topic="[[sleep:30]] slowly"),
-                         headers=headers(action_id.replace("/", "-"), async_=True))
-        assert r.status == 202, await r.text()
-    await c.sidecar.runtime.close()
-    c.sidecar.opened.close()
-    return await make_client()
 
 
 async def _resolve(c: Any, action_id: str, outcome: str) -> Any:
@@ -49,7 +37,7 @@ async def _error(resp: Any) -> dict[str, Any]:
 
 async def test_an_archived_action_answers_from_its_journaled_finding_here_and_after_hand_over(
         make_client: Any, tmp_path: Path) -> None:
-    c = await _uncertain(make_client, ("ns/p", "ns/q"))
+    c = await uncertain_after_restart(make_client, ("ns/p", "ns/q"))
     first = await _resolve(c, "ns/p", "NotHappened")
     assert first.status == 201
     journaled = (await first.json())["event"]

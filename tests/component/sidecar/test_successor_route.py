@@ -12,27 +12,17 @@ from pathlib import Path
 from typing import Any
 
 from crewfence_sidecar.contract import job_path
-from sidecar_helpers import AUTH, SidecarProcess, headers, sidecar_env, start_body
+from sidecar_helpers import (
+    AUTH,
+    SidecarProcess,
+    headers,
+    sidecar_env,
+    start_body,
+    uncertain_after_restart,
+)
 
 RESOLVE = {"crew_id": "research", "note": "provider logs show no request",
            "evidence": ["https://tickets/1"], "resolved_by": "kubectl-crewfence"}
-
-
-async def _uncertain(make_client: Any, action_ids: tuple[str, ...]) -> Any:
-    """Jobs stopped while running (the sidecar stops: failed + uncertain), then the sidecar
-    opened again on the same journal."""
-    c = await make_client()
-    for action_id in action_ids:
-        r = await c.post("/jobs", json=start_body(action_id, topic="[[sleep:30]] slowly"),
-                         headers=headers(action_id.replace("/", "-"), async_=True))
-        assert r.status == 202, await r.text()
-    await c.sidecar.runtime.close()
-    c.sidecar.opened.close()
-    c = await make_client()
-    for action_id in action_ids:
-        record = await (await c.get(job_path(action_id), headers=AUTH)).json()
-        assert record["uncertain_outcome"] is True, record
-    return c
 
 
 async def _resolve(c: Any, action_id: str, outcome: str, **more: Any) -> Any:
@@ -52,7 +42,7 @@ async def _code(resp: Any) -> str:
 
 async def test_one_successor_only_after_a_journaled_resolution_that_allows_it(
         make_client: Any) -> None:
-    c = await _uncertain(make_client, ("ns/p", "ns/h"))
+    c = await uncertain_after_restart(make_client, ("ns/p", "ns/h"))
 
     unresolved = await _claim(c, "ns/p", "ns/next")
     assert unresolved.status == 409 and await _code(unresolved) == "unresolved"
@@ -122,7 +112,7 @@ async def test_a_resolution_is_written_once_whoever_sends_it_again(make_client: 
     """The same finding re-sent by another field manager (a re-applied manifest) is an exact
     repeat: 200 with the journaled event (no 409 to retry forever); another finding is a 409
     that names the journaled one."""
-    c = await _uncertain(make_client, ("ns/r",))
+    c = await uncertain_after_restart(make_client, ("ns/r",))
     first = await _resolve(c, "ns/r", "Happened")
     assert first.status == 201
     journaled = (await first.json())["event"]
