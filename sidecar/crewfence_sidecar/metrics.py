@@ -55,6 +55,10 @@ class SidecarMetrics:
         self.runs_finished = Counter("crewfence_sidecar_runs_finished",
                                      "Jobs that reached a terminal status",
                                      ["operation", "status"], registry=r)
+        self.tool_lists = Counter(
+            "crewfence_sidecar_tool_lists",
+            "tools/list calls the main process made to MCP servers without allowedTools "
+            "(admission's check), by outcome: answered | unanswered", ["outcome"], registry=r)
         r.register(_OfflineLLMCalls())
         self._admitted: dict[str, Counter] = {}
 
@@ -74,6 +78,9 @@ class SidecarMetrics:
 
     def rejection(self, code: str) -> None:
         self.rejections.labels(code=code).inc()
+
+    def tool_list(self, outcome: str) -> None:
+        self.tool_lists.labels(outcome=outcome).inc()
 
     def finished(self, operation: str, status: str) -> None:
         self.runs_finished.labels(operation=operation, status=status).inc()

@@ -59,6 +59,7 @@ from crewfence_sidecar.journal import (
 )
 from crewfence_sidecar.metrics import SidecarMetrics
 from crewfence_sidecar.resume import build_plan, unresolved_in_doubt
+from crewfence_sidecar.tools.server_lists import ServerToolLists
 from crewfence_sidecar.workers.outcomes import StopReport, WorkerDied
 
 log = logging.getLogger("crewfence.sidecar.runtime")
@@ -207,8 +208,11 @@ ANSWER_WAIT_SECONDS = 1.0
 
 class Runtime:
     def __init__(self, journal: Journal, crews: CrewSet, settings: RuntimeSettings,
-                 executor: Executor, metrics: SidecarMetrics) -> None:
+                 executor: Executor, metrics: SidecarMetrics,
+                 tool_lists: ServerToolLists | None = None) -> None:
         self.journal = journal
+        self.tool_lists = tool_lists
+        """Decides at admission the ``server/tool`` names only their server can decide."""
         self.crews = crews
         self.settings = settings
         self.executor = executor
@@ -261,6 +265,12 @@ class Runtime:
                 self.metrics.rejection("archived")
                 raise Gone(stone)
             self._check_admissible(req)
+            if self.tool_lists is not None and self.tool_lists.misses(req.crew_id):
+                # Only a name missing from its server's cached list waits (one fresh
+                # tools/list, bounded); a 422 here journals nothing. Whatever changed during
+                # that wait (shutdown, the draining switch) is checked again.
+                await self.tool_lists.check(req.crew_id)
+                self._check_open()
             plan = self._resume_plan(req)
             record = self._persist_admission(req, digest)
             self._start(record, req, plan)
@@ -271,13 +281,7 @@ class Runtime:
             return Admission(record, created=True)
 
     def _check_admissible(self, req: StartRequest) -> None:
-        if self._closing:
-            raise ContractError(503, "shutting_down", "the sidecar is shutting down")
-        if self.journal.draining:
-            # Invariant (draining): no new action is admitted while the journaled switch is
-            # on; an exact repeat or an archived action was answered before this point.
-            self.metrics.rejection("draining")
-            raise Draining()
+        self._check_open()
         if req.crew_id not in self.crews:
             raise ContractError(404, "unknown_crew", "no crew with this crew_id is hosted here")
         if req.operation not in self.settings.allowed_operations:
@@ -287,6 +291,15 @@ class Runtime:
         required = getattr(self.crews, "required_inputs", None)
         if required is not None:
             check_template_inputs(req.operation, req.input, required(req.crew_id))
+
+    def _check_open(self) -> None:
+        if self._closing:
+            raise ContractError(503, "shutting_down", "the sidecar is shutting down")
+        if self.journal.draining:
+            # Invariant (draining): no new action is admitted while the journaled switch is
+            # on; an exact repeat or an archived action was answered before this point.
+            self.metrics.rejection("draining")
+            raise Draining()
 
     def _resume_plan(self, req: StartRequest) -> dict[str, Any] | None:
         """The plan of a start with ``resume_from`` (None without), from the predecessor's
@@ -906,6 +919,8 @@ class Runtime:
     async def close(self) -> None:
         """Stop: running jobs end as failed + uncertain (as a restart would record them)."""
         self._closing = True
+        if self.tool_lists is not None:
+            await self.tool_lists.close()
         jobs = dict(self._jobs)
         for job in jobs.values():
             job.task.cancel()

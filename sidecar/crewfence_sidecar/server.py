@@ -21,6 +21,7 @@ from crewfence_sidecar.journal import Journal, JournalLimits
 from crewfence_sidecar.metrics import SidecarMetrics
 from crewfence_sidecar.runtime import CrewSet, Executor, JobContext, Runtime, RuntimeSettings
 from crewfence_sidecar.tls import ReloadingServerTLS, TlsFiles
+from crewfence_sidecar.tools.server_lists import ServerToolLists
 
 if TYPE_CHECKING:
     from crewfence_sidecar.workers.executor import WorkerExecutor
@@ -117,6 +118,8 @@ class Sidecar:
     tls: ReloadingServerTLS | None = None
 
     async def start(self) -> None:
+        if self.runtime.tool_lists is not None:
+            self.runtime.tool_lists.start()  # the cache fills in the background
         self.runner = web.AppRunner(self.app, access_log=None, handle_signals=False,
                                     shutdown_timeout=5.0)
         await self.runner.setup()
@@ -165,12 +168,15 @@ def build_sidecar(config: SidecarConfig, crews: CrewSet, executor: Executor,
                   opened: OpenedJournal) -> Sidecar:
     tls = server_tls(config)
     metrics = SidecarMetrics()
+    listed = getattr(crews, "listed_tools", None)
     runtime = Runtime(opened.journal, crews,
                       RuntimeSettings(allowed_operations=config.allowed_operations,
                                       max_concurrency=config.max_concurrency,
                                       training_dir=config.training_dir,
                                       resume_material=config.resume_material),
-                      executor, metrics)
+                      executor, metrics,
+                      tool_lists=ServerToolLists(listed, on_list=metrics.tool_list)
+                      if listed else None)
     app = build_app(runtime, ApiSettings(
         token=config.token, crew_ids=tuple(crews.crew_ids()),
         operations=default_operations(config.allowed_operations),

@@ -5,7 +5,9 @@ HTTP on loopback): ``python mcp_ledger_server.py PORT LEDGER_FILE``.
 state dir; fsync'd BEFORE it sleeps, so a test can await the line and then kill the sidecar
 while the call is in flight) with the idempotency key it received in ``_meta`` and in the
 ``Idempotency-Key`` header; a call with a title it saw before does not sleep.
-``reject_ticket`` answers an MCP error (``isError``).
+``reject_ticket`` answers an MCP error (``isError``). ``late_ticket`` is listed only while
+the file ``LEDGER_FILE.late`` exists (a server that gains a tool); every ``tools/list`` adds
+one line (the client's ``clientInfo.name``) to ``LEDGER_FILE.lists``.
 """
 
 from __future__ import annotations
@@ -13,11 +15,13 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import anyio
 from mcp.server.fastmcp import Context, FastMCP
+from mcp.types import Tool
 
 META_KEY = "crewfence.dev/idempotency-key"
 
@@ -30,9 +34,28 @@ def _received(ctx: Context[Any, Any, Any]) -> tuple[str | None, str | None]:
     return meta.get(META_KEY), header
 
 
+class CountingServer(FastMCP):  # type: ignore[type-arg]
+    """Logs who lists the tools; hides ``late_ticket`` until ``<ledger>.late`` exists."""
+
+    def __init__(self, ledger: Path, **settings: Any) -> None:
+        super().__init__("tickets", **settings)
+        self.ledger = ledger
+
+    async def list_tools(self) -> list[Tool]:
+        session = self.get_context().session
+        params = session.client_params
+        client = params.clientInfo.name if params is not None else None
+        with Path(f"{self.ledger}.lists").open("a", encoding="utf-8") as out:
+            out.write(json.dumps({"client": client, "at": time.time()}) + "\n")
+        tools = await super().list_tools()
+        if Path(f"{self.ledger}.late").exists():
+            return tools
+        return [t for t in tools if t.name != "late_ticket"]
+
+
 def main() -> None:
     port, ledger = int(sys.argv[1]), Path(sys.argv[2])
-    server = FastMCP("tickets", host="127.0.0.1", port=port, log_level="WARNING")
+    server = CountingServer(ledger, host="127.0.0.1", port=port, log_level="WARNING")
 
     @server.tool()
     async def create_ticket(title: str, ctx: Context[Any, Any, Any], sleep: float = 0) -> str:
@@ -56,6 +79,11 @@ def main() -> None:
     def reject_ticket(title: str) -> str:
         """Always refuses (an MCP tool error)."""
         raise ValueError(f"tickets refused {title}")
+
+    @server.tool()
+    def late_ticket(title: str) -> str:
+        """Create a late ticket (listed only once the server has gained it)."""
+        return f"late ticket created: {title}"
 
     server.run(transport="streamable-http")
 

@@ -31,7 +31,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from crewfence_sidecar.tools.mcp_tools import TRANSPORTS, MCPServerDefinition, build_mcp_tools
+from crewfence_sidecar.tools.mcp_servers import TRANSPORTS, MCPServerDefinition
+from crewfence_sidecar.tools.mcp_tools import build_mcp_tools
 from crewfence_sidecar.tools.python_tools import (
     ToolReferenceError,
     build_python_tool,

@@ -26,11 +26,8 @@ import asyncio
 import concurrent.futures
 import contextvars
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TypeVar
 
-import yaml
 from crewai.mcp.client import MCPClient
 from crewai.mcp.tool_resolver import MCPToolResolver
 from crewai.mcp.transports.http import HTTPTransport
@@ -38,77 +35,17 @@ from crewai.mcp.transports.sse import SSETransport
 from crewai.tools import BaseTool
 from crewai.tools.mcp_native_tool import MCPNativeTool
 
-from crewfence_sidecar.contract import (
-    IDEMPOTENCY_KEY_HEADER,
-    MCP_IDEMPOTENCY_META_KEY,
-    ToolSetupError,
-)
+from crewfence_sidecar.contract import IDEMPOTENCY_KEY_HEADER, MCP_IDEMPOTENCY_META_KEY
 from crewfence_sidecar.tool_context import current_idempotency_key
+from crewfence_sidecar.tools.mcp_servers import (  # noqa: F401 - their home before
+    TRANSPORTS,
+    MCPServerDefinition,
+    MCPToolError,
+    read_headers_dir,
+    read_headers_file,
+)
 
 T = TypeVar("T")
-TRANSPORTS = ("streamable-http", "sse")
-
-
-class MCPToolError(ToolSetupError):
-    """An MCP server that cannot be reached or lacks a tool the crew names."""
-
-
-@dataclass(frozen=True)
-class MCPServerDefinition:
-    name: str
-    url: str
-    transport: str = "streamable-http"
-    headers_file: str | None = None
-    headers_dir: str | None = None
-    allowed_tools: tuple[str, ...] | None = None
-    """None: every tool the server lists."""
-    extra_headers: dict[str, str] = field(default_factory=dict)
-
-    def headers(self) -> dict[str, str]:
-        """The configured headers (from ``headers_file``, read now)."""
-        headers = dict(self.extra_headers)
-        if self.headers_file is not None:
-            headers.update(read_headers_file(Path(self.headers_file)))
-        if self.headers_dir is not None:
-            headers.update(read_headers_dir(Path(self.headers_dir)))
-        return headers
-
-
-def read_headers_dir(path: Path) -> dict[str, str]:
-    """A mounted Secret: each regular file is a header (its name) and its value (its content,
-    one trailing newline dropped). Kubernetes' own entries (``..data``, ``..<timestamp>``)
-    and other dot files are skipped; the message never shows values."""
-    try:
-        entries = sorted(p for p in path.iterdir() if not p.name.startswith("."))
-    except OSError as exc:
-        raise MCPToolError(f"cannot read headers directory {path}: {exc.strerror}") from None
-    headers: dict[str, str] = {}
-    for entry in entries:
-        if not entry.is_file():
-            continue
-        try:
-            value = entry.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError):
-            raise MCPToolError(f"cannot read header file {entry.name} in {path}") from None
-        value = value[:-1] if value.endswith("\n") else value
-        if "\n" in value or "\r" in value:
-            raise MCPToolError(f"header {entry.name} in {path} spans several lines")
-        headers[entry.name] = value
-    return headers
-
-
-def read_headers_file(path: Path) -> dict[str, str]:
-    """A YAML/JSON mapping of header name -> value; the message never shows values."""
-    try:
-        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise MCPToolError(f"cannot read headers file {path}: {exc.strerror}") from None
-    except yaml.YAMLError:
-        raise MCPToolError(f"headers file {path} is not a YAML/JSON mapping") from None
-    if not isinstance(loaded, dict) or not all(
-            isinstance(k, str) and isinstance(v, str | int) for k, v in loaded.items()):
-        raise MCPToolError(f"headers file {path} must map header names to strings")
-    return {k: str(v) for k, v in loaded.items()}
 
 
 async def _call_tool_with_key(self: MCPClient, tool_name: str, arguments: dict[str, Any]) -> Any:

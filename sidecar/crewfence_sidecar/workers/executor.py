@@ -56,6 +56,7 @@ from typing import Any, TypeVar
 from crewfence_sidecar.config import BOUNDS
 from crewfence_sidecar.journal import utc_now
 from crewfence_sidecar.runtime import JobContext
+from crewfence_sidecar.tools.server_lists import ListedToolRef
 from crewfence_sidecar.workers.counters import count_offline_llm_call
 from crewfence_sidecar.workers.outcomes import RemoteExecutionError, StopReport, WorkerDied
 from crewfence_sidecar.workers.protocol import ExitStatus
@@ -140,6 +141,9 @@ class WorkerCrews:
         self._ids = frozenset(info.crew_ids)
         self.placeholders = info.placeholders
         self.credentials = info.model_credentials
+        self.listed_tools = {crew_id: [ListedToolRef.from_wire(crew_id, raw) for raw in refs]
+                             for crew_id, refs in info.listed_tools.items()}
+        """Per crew, the ``server/tool`` names only the server can decide (admission)."""
 
     def crew_ids(self) -> list[str]:
         return sorted(self._ids)

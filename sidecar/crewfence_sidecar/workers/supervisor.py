@@ -53,6 +53,9 @@ class TemplateInfo:
     placeholders: dict[str, list[str]]
     model_credentials: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Per declarative crew: model, hosted, credentials present|missing|not_needed."""
+    listed_tools: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    """Per declarative crew: its agents' ``server/tool`` names on servers without
+    ``allowedTools`` (``tools.server_lists.ListedToolRef`` wire form), checked at admission."""
 
 
 def _new_future() -> asyncio.Future[ExitStatus]:
@@ -190,7 +193,8 @@ class Supervisor:
             raise TemplateError(str(hello.get("message") or "the worker template failed"))
         self.info = TemplateInfo(crew_ids=tuple(hello["crew_ids"]),
                                  placeholders=dict(hello.get("placeholders") or {}),
-                                 model_credentials=dict(hello.get("model_credentials") or {}))
+                                 model_credentials=dict(hello.get("model_credentials") or {}),
+                                 listed_tools=dict(hello.get("listed_tools") or {}))
         return self.info
 
     # --- running -------------------------------------------------------------------------------

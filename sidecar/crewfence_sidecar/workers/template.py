@@ -120,6 +120,7 @@ def load(settings: TemplateSettings) -> tuple[Any, dict[str, Any]]:
     from crewfence_sidecar import operations  # noqa: F401 - warm the operations' imports
     from crewfence_sidecar.crews import CatalogError, CrewCatalog
     from crewfence_sidecar.declarative import DefinitionError, load_crews_file
+    from crewfence_sidecar.tools.server_lists import listed_tool_refs
 
     crews_file = Path(settings.crews_file) if settings.crews_file else None
     try:
@@ -135,7 +136,8 @@ def load(settings: TemplateSettings) -> tuple[Any, dict[str, Any]]:
     gc.freeze()  # the collector never writes to the template's objects in a worker (COW)
     return catalog, {"type": "ready", "crew_ids": catalog.crew_ids(),
                      "placeholders": _placeholders(definitions),
-                     "model_credentials": _credentials(definitions)}
+                     "model_credentials": _credentials(definitions),
+                     "listed_tools": listed_tool_refs(definitions)}
 
 
 class Template:

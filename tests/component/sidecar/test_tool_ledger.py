@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,9 +19,11 @@ import pytest
 from crewfence_sidecar.contract import EFFECT_EVENTS, summarize_effects
 from sidecar_helpers import (
     SidecarProcess,
+    free_port,
     headers,
     json_call,
     mcp_ledger_server,
+    metric_value,
     refused_start,
     sidecar_env,
     wait_until,
@@ -291,29 +294,120 @@ def test_an_agent_naming_an_unknown_tool_stops_the_sidecar_at_start(
     assert "crew 'desk'" in line and "unknown tool 'shredder'" in line
 
 
-def test_a_tool_only_the_server_can_refuse_fails_the_job_certain_and_named(
-        desk: dict[str, Any], mcp_server: tuple[str, Path]) -> None:
-    """What neither the API server (CEL) nor the sidecar's start can decide, a server without
-    allowedTools lacking the tool, or a Python ref that does not import in the image, fails
-    the job before anything ran: certain, ``tool_unavailable``, the message naming it."""
-    crews = desk["tmp"] / "unavailable.yaml"
-    crews.write_text(_crews_yaml(mcp_server[0]).replace("tools: [tickets, lookup, explode]",
-                                                        "tools: [tickets/nope]"))
+def _listed_crews(url: str, down_url: str) -> str:
+    """Crews whose agents name ``server/tool`` on servers without ``allowedTools``."""
+    def crew(tools: str, server: str = "tickets", at: str = url) -> str:
+        return f"""\
+    tools:
+      mcpServers: [{{name: {server}, url: "{at}"}}]
+    agents:
+      clerk: {{role: Clerk, goal: File what is asked, backstory: Careful., max_retry_limit: 0,
+              tools: [{tools}]}}
+    tasks:
+      - {{name: file, agent: clerk, description: "Handle: {{request}}", expected_output: A note}}
+"""
+    return ("crews:\n  nope:\n" + crew("tickets/create_ticket, tickets/nope")
+            + "  late:\n" + crew("tickets/late_ticket")
+            + "  offered:\n" + crew("tickets/create_ticket")
+            + "  down:\n" + crew("down/create_ticket", "down", down_url))
+
+
+@pytest.fixture
+def listed(desk: dict[str, Any], mcp_server: tuple[str, Path]) -> Iterator[dict[str, Any]]:
+    """A sidecar hosting :func:`_listed_crews`; ``lists()`` counts the ``tools/list`` calls
+    its main process made to the MCP server (the workers' crewai client is not counted)."""
+    crews = desk["tmp"] / "listed.yaml"
+    crews.write_text(_listed_crews(mcp_server[0], f"http://127.0.0.1:{free_port()}/mcp"))
+    lists_file = Path(f"{mcp_server[1]}.lists")
+    late = Path(f"{mcp_server[1]}.late")
+    late.unlink(missing_ok=True)
+
+    def lists() -> int:
+        return len(_lines(lists_file, client="crewfence-sidecar"))
+
+    before = lists()
     sidecar = SidecarProcess([], {**desk["env"], "CREWFENCE_CREWS_FILE": str(crews)},
                              desk["tmp"] / "sidecar.log").start()
     try:
         sidecar.wait_listening()
-        status, answer = _start(sidecar.url, "no-such-tool", _ticket("U-1"))
-        events = _events(sidecar.url, "no-such-tool")
+        yield {"url": sidecar.url, "lists": lists, "before": before, "late": late}
     finally:
         sidecar.terminate()
+        late.unlink(missing_ok=True)
+
+
+def _start_crew(url: str, crew_id: str, action_id: str, request: str) -> tuple[int, Any]:
+    body = {"crew_id": crew_id, "action_id": action_id, "operation": "run",
+            "input": {"request": request}}
+    return json_call(f"{url}/jobs", "POST", body, headers(f"key-{action_id}"))
+
+
+def test_a_tool_the_server_does_not_offer_is_refused_at_admission_naming_it(
+        listed: dict[str, Any], desk: dict[str, Any]) -> None:
+    """A server without allowedTools lacking a named tool: 422 on a fresh tools/list,
+    naming crew, agent, server, tool and what the server offers; nothing is journaled."""
+    status, answer = _start_crew(listed["url"], "nope", "nope-1", _ticket("N-1"))
+    assert status == 422, answer
+    error = answer["error"]
+    assert error["code"] == "unknown_tool" and error["tools"] == ["tickets/nope"], error
+    for part in ("crew 'nope'", "agent 'clerk'", "MCP server 'tickets'", "tool 'nope'",
+                 "offers: create_ticket, reject_ticket"):
+        assert part in error["message"], error
+    assert json_call(f"{listed['url']}/jobs/nope-1")[0] == 404  # not journaled
+    assert _start_crew(listed["url"], "nope", "nope-1", _ticket("N-1"))[0] == 422  # again
+    assert _lines(desk["mcp_ledger"], title="N-1") == []
+
+
+def test_a_cached_tool_is_admitted_without_listing_again(listed: dict[str, Any]) -> None:
+    """The background fill lists the server once; admissions of a cached name then never
+    list it again (the hit path does no network)."""
+    def answered() -> float:
+        req = urllib.request.Request(f"{listed['url']}/metrics", headers=headers(None))
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            text = resp.read().decode()
+        name = 'crewfence_sidecar_tool_lists_total{outcome="answered"}'
+        return metric_value(text, name) if name in text else 0.0
+
+    wait_until(lambda: answered() == 1, 60, "the background tools/list to be answered")
+    assert listed["lists"]() == listed["before"] + 1
+    for action_id in ("offered-1", "offered-2"):
+        status, answer = _start_crew(listed["url"], "offered", action_id, _ticket(action_id))
+        assert status == 200, answer  # completed (2xx only for a completed record)
+    assert listed["lists"]() == listed["before"] + 1 and answered() == 1
+
+
+def test_a_tool_the_server_gained_after_the_cache_filled_is_admitted(
+        listed: dict[str, Any], desk: dict[str, Any]) -> None:
+    """The cache lacks the tool, the fresh list has it: admitted (a refusal rests only on a
+    fresh answer); an admitted action re-posted returns its record."""
+    request = '[[tool:tickets/late_ticket {"title": "L-1"}]]'
+    status, answer = _start_crew(listed["url"], "late", "late-0", request)
+    assert status == 422 and "tool 'late_ticket'" in answer["error"]["message"], answer
+    listed["late"].touch()  # the server gains the tool
+    status, answer = _start_crew(listed["url"], "late", "late-1", request)
+    assert status == 200, answer  # completed
+    finished = [e["data"] for e in _events(listed["url"], "late-1")
+                if e["event"] == "tool_call_finished"]
+    assert [f["tool"] for f in finished] == ["tickets/late_ticket"], finished
+    listed["late"].unlink()
+    status, again = _start_crew(listed["url"], "late", "late-1", request)
+    assert (status, again) == (200, answer)  # the admitted action's record, not re-checked
+
+
+def test_an_unreachable_server_admits_and_the_job_fails_certain_and_named(
+        listed: dict[str, Any]) -> None:
+    """A server that does not answer tools/list within the bound is not decided at
+    admission: the job is admitted and its tool build fails it certain,
+    ``tool_unavailable``, the message naming the server."""
+    status, answer = _start_crew(listed["url"], "down", "down-1",
+                                 '[[tool:down/create_ticket {"title": "D-1"}]]')
+    events = _events(listed["url"], "down-1")
     assert status == 502, answer
     error = answer["record"]["error"]
     assert error["code"] == "tool_unavailable" and error["exception"] == "MCPToolError"
-    assert "'tickets' does not offer tool 'nope'" in error["message"], error
+    assert "MCP server 'down': tools/list failed" in error["message"], error
     assert answer["record"]["uncertain_outcome"] is False
     assert [e["event"] for e in events] == ["started", "failed"]
-    assert _lines(desk["mcp_ledger"], title="U-1") == []
 
 
 def test_a_python_ref_that_does_not_import_stops_the_sidecar_at_start_naming_it(
