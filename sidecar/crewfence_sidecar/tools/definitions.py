@@ -21,7 +21,8 @@ Agent level: ``tools: [tickets/create_ticket, tickets, lookup]`` — one MCP too
 (allowed) tool of a server, a Python tool. A name that is none of these is a
 ``DefinitionError`` at start-up naming it; a ``server/tool`` outside a server's
 ``allowedTools`` too. A tool the server does not list is only known when it answers: the
-job's crew build then fails (``MCPToolError`` naming it) before anything ran.
+sidecar's admission asks it (``server_lists``, 422 ``unknown_tool``); when that could not
+decide, the job's crew build fails (``MCPToolError`` naming it) before anything ran.
 """
 
 from __future__ import annotations
