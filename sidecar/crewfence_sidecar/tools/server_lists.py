@@ -132,6 +132,10 @@ class ServerToolLists:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
+    async def settled(self) -> None:
+        """Returns once the background lists started so far have ended."""
+        await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
     async def close(self) -> None:
         for task in list(self._tasks):
             task.cancel()
