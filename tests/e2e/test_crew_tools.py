@@ -335,3 +335,30 @@ def test_a_killed_sidecar_leaves_exactly_the_call_in_flight_in_doubt(
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def test_a_tool_the_server_does_not_offer_fails_the_crewjob_rejected_naming_it(
+        cluster: Cluster, operator_process: Operator, namespace: str, tmp_path: Path) -> None:
+    """A server without allowedTools (the API server cannot decide its names): the sidecar's
+    admission lists its tools and refuses (422 unknown_tool); the CrewJob ends Failed,
+    Rejected, naming crew, agent, server and tool, certain and not retried."""
+    proc, url = start_ledger_server(tmp_path / "ledger.jsonl")
+    try:
+        tools = {"mcpServers": [{"name": "tickets", "url": url}]}
+        assert apply_obj(cluster, crew("nope", tools, ["tickets/nope"]),
+                         namespace).returncode == 0
+        wait_crew_ready(cluster, namespace, "nope", 1)
+        assert apply_obj(cluster, crewjob_manifest("no-tool", "run", {}, crew="nope"),
+                         namespace).returncode == 0
+        status = wait_phase(cluster, namespace, "no-tool", timeout=240)["status"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    assert (status["phase"], status["reason"]) == ("Failed", "Rejected"), status
+    assert status.get("uncertainOutcome") in (None, False), status
+    failure = status["failure"]
+    assert (failure["category"], failure["code"]) == ("Permanent", "unknown_tool"), failure
+    for part in ("agent 'clerk'", "MCP server 'tickets' does not offer tool 'nope'",
+                 "create_ticket"):
+        assert part in status["message"], status
+    assert ledger_lines(tmp_path / "ledger.jsonl") == []
