@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from crewfence_sidecar.tools.mcp_servers import TRANSPORTS, MCPServerDefinition
+from crewfence_sidecar.tools.mcp_servers import TRANSPORTS, MCPServerDefinition, MCPToolError
 from crewfence_sidecar.tools.mcp_tools import build_mcp_tools
 from crewfence_sidecar.tools.python_tools import (
     ToolReferenceError,
@@ -93,8 +93,6 @@ class ToolBuilder:
                 server, _, tool = ref.partition("/")
                 offered = self._server_tools(server)
                 if ref not in offered:
-                    from crewfence_sidecar.tools.mcp_tools import MCPToolError
-
                     raise MCPToolError(f"MCP server {server!r} does not offer tool {tool!r}")
                 tools.append(offered[ref])
             elif self.definition.server(ref) is not None:

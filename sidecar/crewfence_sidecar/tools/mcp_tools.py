@@ -37,13 +37,7 @@ from crewai.tools.mcp_native_tool import MCPNativeTool
 
 from crewfence_sidecar.contract import IDEMPOTENCY_KEY_HEADER, MCP_IDEMPOTENCY_META_KEY
 from crewfence_sidecar.tool_context import current_idempotency_key
-from crewfence_sidecar.tools.mcp_servers import (  # noqa: F401 - their home before
-    TRANSPORTS,
-    MCPServerDefinition,
-    MCPToolError,
-    read_headers_dir,
-    read_headers_file,
-)
+from crewfence_sidecar.tools.mcp_servers import MCPServerDefinition, MCPToolError
 
 T = TypeVar("T")
 

@@ -107,7 +107,7 @@ def test_tool_definitions_are_checked() -> None:
 def test_headers_come_from_the_operators_secret_directory(tmp_path: Path) -> None:
     """The operator renders ``headersDir`` (a mounted Secret: one file per header). Its own
     ``..data`` entries are skipped; a value never appears in an error."""
-    from crewfence_sidecar.tools.mcp_tools import MCPToolError, read_headers_dir
+    from crewfence_sidecar.tools.mcp_servers import MCPToolError, read_headers_dir
 
     (tmp_path / "Authorization").write_text("Bearer s3cret\n")
     (tmp_path / "X-Team").write_text("blue")
@@ -126,7 +126,7 @@ def test_headers_come_from_the_operators_secret_directory(tmp_path: Path) -> Non
 
 
 def test_an_unreachable_mcp_server_fails_the_build_naming_it() -> None:
-    from crewfence_sidecar.tools.mcp_tools import MCPToolError
+    from crewfence_sidecar.tools.mcp_servers import MCPToolError
 
     definition = parse_crew("desk", _crew(MCP, ["tickets/create_ticket"]))
     with pytest.raises(MCPToolError, match="MCP server 'tickets'"):
