@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,7 +14,7 @@ from crewfence_sidecar.contract import (
     Status,
     ToolSetupError,
 )
-from crewfence_sidecar.journal import Journal, JournalLimits
+from crewfence_sidecar.journal import Journal
 from crewfence_sidecar.metrics import SidecarMetrics
 from crewfence_sidecar.runtime import (
     Gone,
@@ -61,15 +59,6 @@ class CountingExecutor:
                                        tool_setup="MCP server 'tickets': tools/list failed")
         await ctx.emit_chunk({"content": "b"})
         return {"echo": ctx.input}
-
-
-@pytest.fixture
-def journal(tmp_path: Path) -> Iterator[Journal]:
-    d = tmp_path / "s"
-    d.mkdir(mode=0o700)
-    j = Journal.open(d / "j.db", JournalLimits(max_retained_runs=5))
-    yield j
-    j.close()
 
 
 @pytest.fixture

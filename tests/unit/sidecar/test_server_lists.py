@@ -5,12 +5,10 @@ exercised in tests/component/sidecar/test_tool_ledger.py."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from crewfence_sidecar.contract import ContractError, Operation, StartRequest
-from crewfence_sidecar.journal import Journal, JournalLimits
+from crewfence_sidecar.journal import Journal
 from crewfence_sidecar.metrics import SidecarMetrics
 from crewfence_sidecar.runtime import Draining, JobContext, Runtime, RuntimeSettings
 from crewfence_sidecar.tools.mcp_servers import MCPServerDefinition
@@ -84,15 +82,6 @@ async def test_a_server_that_does_not_answer_is_not_decided() -> None:
     lists = _lists(lister, "nope", outcomes=outcomes)
     await lists.check("crew")  # admitted: the worker's tool build decides
     assert outcomes == ["unanswered"] and lists.misses("crew") != []
-
-
-@pytest.fixture
-def journal(tmp_path: Path) -> Iterator[Journal]:
-    d = tmp_path / "s"
-    d.mkdir(mode=0o700)
-    j = Journal.open(d / "j.db", JournalLimits(max_retained_runs=5))
-    yield j
-    j.close()
 
 
 class Crews:
