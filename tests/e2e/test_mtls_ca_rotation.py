@@ -224,6 +224,9 @@ def test_a_silent_replica_holds_the_rotation_across_an_operator_restart(
         time.sleep(1)
     done = ca_rotation.CaState.from_secret(_ca_secret(cluster, ns))
     assert done is not None and done.signing.cert == held.next.cert
+    # The thawed replica proved its trust to end the rotation, but its pod turns Ready again
+    # only at its next readiness probe; until then its jobs rightly go to the other replica.
+    wait_crew_ready(cluster, ns, "research", 2)
     after = _names_per_ordinal(ns, "hold-after")
     for name in after.values():
         job = crewjob_manifest(name, "run", {"topic": f"after the hold {name}"})

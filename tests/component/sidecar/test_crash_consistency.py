@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -139,7 +140,23 @@ async def _stream(session: aiohttp.ClientSession, url: str, jobs: list[tuple[str
     return out
 
 
-async def _kill_after(pid: int, seconds: float) -> None:
+async def _completed(session: aiohttp.ClientSession, url: str, action_id: str,
+                     timeout: float = 120) -> None:
+    """Wait until ``action_id`` is completed in the journal (its admission may still be on
+    the way: a 404 is awaited too)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        async with session.get(f"{url}{job_path(action_id)}", headers=AUTH) as r:
+            if r.status == 200 and (await r.json())["status"] == "completed":
+                return
+        assert time.monotonic() < deadline, f"{action_id} never completed"
+        await asyncio.sleep(0.05)  # polling interval of the awaited condition
+
+
+async def _kill_after(pid: int, seconds: float,
+                      first: Callable[[], Awaitable[None]] | None = None) -> None:
+    if first is not None:
+        await first()  # the condition the crash must come after
     await asyncio.sleep(seconds)  # the random moment of the crash
     os.kill(pid, signal.SIGKILL)
 
@@ -195,9 +212,17 @@ async def test_sigkill_during_admissions(tmp_path: Path) -> None:
                 topics = [rng.choice(["quick", "[[sleep:0.3]] slow", "[[sleep:2]] slower"])
                           for _ in ids]
                 kill_after = rng.uniform(0.0, 1.5)
+                # Until a job has completed before a kill, the crash waits for this trial's
+                # first (quick) job to complete: on a loaded machine a quick job can take
+                # longer than every random moment, and once the journal is full nothing new
+                # can complete, so the completed path would never be reached.
+                first = None
+                if not totals["completed"]:
+                    topics[0] = "quick"
+                    first = partial(_completed, session, url, ids[0])
                 results, _ = await asyncio.gather(
                     _stream(session, url, list(zip(ids, topics, strict=True)), rng),
-                    _kill_after(pid, kill_after))
+                    _kill_after(pid, kill_after, first))
                 zygote.reap(pid)
                 for aid, status, digest in results:
                     if status is not None and 200 <= status < 300:
