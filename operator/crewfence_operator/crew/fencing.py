@@ -49,6 +49,28 @@ def is_operator_pod_for(pod: Mapping[str, Any], owner: StateClaimOwner) -> bool:
     )
 
 
+def is_replica_pod_awaiting_adoption(pod: Mapping[str, Any], owner: StateClaimOwner) -> bool:
+    """The replica's own pod, left without any controller (its Crew was deleted with
+    ``--cascade=orphan`` and the garbage collector stripped the reference).
+
+    Invariant (the audit agrees with adoption): such a pod is this Crew's (``crew/adoption.py``
+    makes the Crew its controller again), so the audit never fences its replica as shared,
+    not even in a pass whose adoption patch lost a race (409 on a stale resourceVersion) or
+    never ran (the pass failed before it); that fence would stand until the next audit and
+    post a false ``StateVolumeShared`` warning. The admission webhook stays strict: a pod
+    created without the Crew's reference is refused (``pod_rejection``)."""
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    return (
+        labels.get(c.LABEL_MANAGED_BY) == c.MANAGED_BY_VALUE
+        and labels.get(c.LABEL_CREW) == owner.crew
+        and parse_ordinal(labels.get(c.LABEL_REPLICA)) == owner.ordinal
+        and meta.get("name") == c.pod_name(owner.crew, owner.ordinal)
+        and not meta.get("deletionTimestamp")
+        and not any(ref.get("controller") for ref in meta.get("ownerReferences") or ())
+    )
+
+
 def _pod_display_name(pod: Mapping[str, Any]) -> str:
     meta = pod.get("metadata") or {}
     return str(meta.get("name") or (str(meta.get("generateName") or "") + "<generated>"))
@@ -85,7 +107,8 @@ class ForeignMount:
 def foreign_mounts(
     crew: str, claims_by_ordinal: Mapping[int, str], pods: Iterable[Mapping[str, Any]]
 ) -> list[ForeignMount]:
-    """Pods other than the replica's own pod that mount one of this Crew's state claims."""
+    """Pods other than the replica's own pod (owned, or orphaned and about to be adopted)
+    that mount one of this Crew's state claims."""
     ordinal_by_claim = {claim: ordinal for ordinal, claim in claims_by_ordinal.items()}
     found: list[ForeignMount] = []
     for pod in pods:
@@ -96,7 +119,8 @@ def foreign_mounts(
             if ordinal is None:
                 continue
             owner = StateClaimOwner(claim=claim, crew=crew, ordinal=ordinal)
-            if not is_operator_pod_for(pod, owner):
+            if not (is_operator_pod_for(pod, owner)
+                    or is_replica_pod_awaiting_adoption(pod, owner)):
                 found.append(ForeignMount(claim=claim, ordinal=ordinal,
                                           pod=_pod_display_name(pod)))
     return sorted(found, key=lambda m: (m.ordinal, m.pod))

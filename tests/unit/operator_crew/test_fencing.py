@@ -67,3 +67,26 @@ def test_audit_finds_only_foreign_live_pods(crew_ref: CrewRef) -> None:
     mounts = foreign_mounts("research", claims, pods)
     assert [(m.claim, m.ordinal, m.pod) for m in mounts] == [("research-state-1", 1, "backup")]
     assert '"research-state-1"' in mounts[0].reason and '"backup"' in mounts[0].reason
+
+
+def test_the_audit_does_not_fence_the_replicas_own_orphaned_pod(crew_ref: CrewRef) -> None:
+    """A Crew deleted with --cascade=orphan and re-created: its pod has no controller until the
+    adoption patch lands; the audit must not call it foreign meanwhile (CI, 2026-12-03: the
+    re-created Crew showed replica 0 fenced after its job succeeded)."""
+    claims = {0: "research-state-0", 1: "research-state-1"}
+    orphan = replica_pod(crew_ref, SPEC, 0, PodSettings())
+    orphan["metadata"].pop("ownerReferences")
+    renamed = replica_pod(crew_ref, SPEC, 1, PodSettings())
+    renamed["metadata"].pop("ownerReferences")
+    renamed["metadata"]["name"] = "research-copy"
+    taken = replica_pod(crew_ref, SPEC, 1, PodSettings())
+    taken["metadata"]["name"] = "research-1"
+    taken["metadata"]["ownerReferences"] = [
+        {"apiVersion": "batch/v1", "kind": "Job", "name": "x", "uid": "u", "controller": True}]
+    leaving = replica_pod(crew_ref, SPEC, 0, PodSettings())
+    leaving["metadata"].pop("ownerReferences")
+    leaving["metadata"]["deletionTimestamp"] = "2026-12-03T00:00:00Z"
+
+    assert foreign_mounts("research", claims, [orphan]) == []
+    assert [m.pod for m in foreign_mounts("research", claims, [renamed, taken, leaving])] == [
+        "research-0", "research-1", "research-copy"]
