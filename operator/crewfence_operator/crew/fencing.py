@@ -36,17 +36,20 @@ def state_claim_owner(claim: Mapping[str, Any]) -> StateClaimOwner | None:
     )
 
 
-def is_operator_pod_for(pod: Mapping[str, Any], owner: StateClaimOwner) -> bool:
-    """True only for the operator's own pod of that Crew replica."""
-    meta = pod.get("metadata") or {}
+def _named_and_labelled_as_replica(meta: Mapping[str, Any], owner: StateClaimOwner) -> bool:
     labels = meta.get("labels") or {}
     return (
         labels.get(c.LABEL_MANAGED_BY) == c.MANAGED_BY_VALUE
         and labels.get(c.LABEL_CREW) == owner.crew
         and parse_ordinal(labels.get(c.LABEL_REPLICA)) == owner.ordinal
         and meta.get("name") == c.pod_name(owner.crew, owner.ordinal)
-        and is_owned_by_crew(meta, owner.crew)
     )
+
+
+def is_operator_pod_for(pod: Mapping[str, Any], owner: StateClaimOwner) -> bool:
+    """True only for the operator's own pod of that Crew replica."""
+    meta = pod.get("metadata") or {}
+    return _named_and_labelled_as_replica(meta, owner) and is_owned_by_crew(meta, owner.crew)
 
 
 def is_replica_pod_awaiting_adoption(pod: Mapping[str, Any], owner: StateClaimOwner) -> bool:
@@ -60,12 +63,8 @@ def is_replica_pod_awaiting_adoption(pod: Mapping[str, Any], owner: StateClaimOw
     post a false ``StateVolumeShared`` warning. The admission webhook stays strict: a pod
     created without the Crew's reference is refused (``pod_rejection``)."""
     meta = pod.get("metadata") or {}
-    labels = meta.get("labels") or {}
     return (
-        labels.get(c.LABEL_MANAGED_BY) == c.MANAGED_BY_VALUE
-        and labels.get(c.LABEL_CREW) == owner.crew
-        and parse_ordinal(labels.get(c.LABEL_REPLICA)) == owner.ordinal
-        and meta.get("name") == c.pod_name(owner.crew, owner.ordinal)
+        _named_and_labelled_as_replica(meta, owner)
         and not meta.get("deletionTimestamp")
         and not any(ref.get("controller") for ref in meta.get("ownerReferences") or ())
     )
