@@ -109,7 +109,7 @@ async def main() -> None:
                 nonlocal n
                 n += 1
                 t0 = time.perf_counter()
-                await b._blocking(s, url, crew_id, f"{tag}-{n}", f"topic {n}")
+                await b.blocking_run(s, url, crew_id, f"{tag}-{n}", f"topic {n}")
                 return t0, time.perf_counter()
 
             await asyncio.gather(*(one("warm") for _ in range(4)))
