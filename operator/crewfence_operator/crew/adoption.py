@@ -23,10 +23,15 @@ from crewfence_operator.crew.identity import CrewRef, owner_reference
 
 def is_orphan(obj: Mapping[str, Any], crew: CrewRef) -> bool:
     """Labelled for this Crew, and no controller of any kind (the GC removed the old Crew's)."""
+    return is_orphan_of(obj, crew.name)
+
+
+def is_orphan_of(obj: Mapping[str, Any], crew_name: str) -> bool:
+    """:func:`is_orphan` by the Crew's name (the shared-state audit knows no more)."""
     meta = obj.get("metadata") or {}
     labels = meta.get("labels") or {}
     if labels.get(c.LABEL_MANAGED_BY) != c.MANAGED_BY_VALUE or labels.get(c.LABEL_CREW) \
-            != crew.name or meta.get("deletionTimestamp"):
+            != crew_name or meta.get("deletionTimestamp"):
         return False
     return not any(ref.get("controller") for ref in meta.get("ownerReferences") or ())
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from crewfence_operator import constants as c
+from crewfence_operator.crew.adoption import is_orphan_of
 from crewfence_operator.crew.identity import is_owned_by_crew, parse_ordinal
 from crewfence_operator.crew.pod import pod_claims
 
@@ -62,12 +63,8 @@ def is_replica_pod_awaiting_adoption(pod: Mapping[str, Any], owner: StateClaimOw
     never ran (the pass failed before it); that fence would stand until the next audit and
     post a false ``StateVolumeShared`` warning. The admission webhook stays strict: a pod
     created without the Crew's reference is refused (``pod_rejection``)."""
-    meta = pod.get("metadata") or {}
-    return (
-        _named_and_labelled_as_replica(meta, owner)
-        and not meta.get("deletionTimestamp")
-        and not any(ref.get("controller") for ref in meta.get("ownerReferences") or ())
-    )
+    return _named_and_labelled_as_replica(pod.get("metadata") or {}, owner) and is_orphan_of(
+        pod, owner.crew)
 
 
 def _pod_display_name(pod: Mapping[str, Any]) -> str:
