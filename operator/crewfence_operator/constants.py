@@ -42,6 +42,8 @@ TOKEN_SECRET_KEY: Final = "token"  # noqa: S105 - a key name, not a secret
 CREWS_FILE_KEY: Final = "crews.yaml"
 
 # Paths inside the sidecar container.
+STATE_VOLUME: Final = "state"
+"""The pod volume that mounts the replica's state claim (its journal)."""
 STATE_MOUNT: Final = "/var/lib/crewfence"
 # The journal sits one level below the mount: a volume root with fsGroup is group-writable,
 # which the sidecar refuses as a journal parent.

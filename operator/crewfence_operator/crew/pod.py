@@ -107,7 +107,7 @@ def _volumes(crew: CrewRef, spec: CrewSpec, ordinal: int,
     extra = [credentials_volume(crew, spec, ordinal)] if files else []
     return [
         *extra,
-        {"name": "state",
+        {"name": c.STATE_VOLUME,
          "persistentVolumeClaim": {"claimName": claim_for_ordinal(crew, spec, ordinal)}},
         {"name": "crews",
          "configMap": {"name": c.crews_configmap_name(crew.name), "defaultMode": 0o444}},
@@ -121,7 +121,7 @@ def _mounts(spec: CrewSpec, files: bool = False) -> list[dict[str, Any]]:
     extra = [credentials_mount()] if files else []
     return [
         *extra,
-        {"name": "state", "mountPath": c.STATE_MOUNT},
+        {"name": c.STATE_VOLUME, "mountPath": c.STATE_MOUNT},
         {"name": "crews", "mountPath": c.CREWS_MOUNT, "readOnly": True},
         {"name": "scratch", "mountPath": c.SCRATCH_MOUNT},
         {"name": "tmp", "mountPath": "/tmp"},  # noqa: S108 - a private emptyDir, not a shared /tmp

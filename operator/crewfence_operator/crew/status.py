@@ -113,17 +113,37 @@ def pod_address(pod: Mapping[str, Any] | None, port: int) -> str | None:
     return f"{ip}:{port}" if ip else None
 
 
+def mounted_state_claim(pod: Mapping[str, Any] | None) -> str | None:
+    """The claim a pod object mounts as its state volume (None without a pod or that volume)."""
+    for volume in ((pod or {}).get("spec") or {}).get("volumes") or ():
+        if isinstance(volume, Mapping) and volume.get("name") == c.STATE_VOLUME:
+            name = (volume.get("persistentVolumeClaim") or {}).get("claimName")
+            return str(name) if name else None
+    return None
+
+
 def replica_status(obs: ReplicaObservation, port: int) -> dict[str, Any]:
+    """One ``status.replicas`` entry.
+
+    Invariant (a listed journal id belongs to the listed claim): ``journalId`` is what the
+    replica's pod answered, so ``claim`` is the claim that pod mounts, not the one the spec now
+    asks for. After ``storage.existingClaim`` changes, the old pod serves the old claim until it
+    is rolled; listing the new claim with the old journal's id would make a CrewJob assigned to
+    the new claim read "journal changed" and end JournalLost while its record is intact. A pod
+    whose claim is not the desired one is about to be replaced: never ready for new work.
+    """
     healthy = (obs.health is not None and obs.health.status == "ready"
                and obs.health.draining is not True)
+    mounted = mounted_state_claim(obs.pod)
+    rolling = mounted is not None and mounted != obs.claim
     entry: dict[str, Any] = {
         "ordinal": obs.ordinal,
         "pod": obs.pod_name,
-        "claim": obs.claim,
+        "claim": mounted or obs.claim,
         "state": obs.state.value,
         "address": pod_address(obs.pod, port),
         "journalId": obs.health.journal_id if obs.health else None,
-        "ready": obs.serving and pod_is_ready(obs.pod) and healthy,
+        "ready": obs.serving and pod_is_ready(obs.pod) and healthy and not rolling,
         "fenced": obs.fence_reason is not None,
         "fenceReason": obs.fence_reason,
     }
@@ -134,6 +154,9 @@ def replica_status(obs: ReplicaObservation, port: int) -> dict[str, Any]:
         entry["unarchivedRecords"] = obs.health.unarchived_records
     if obs.message:
         entry["message"] = obs.message
+    elif rolling:
+        entry["message"] = (f"the pod mounts claim {mounted}; it is replaced to mount "
+                            f"{obs.claim}")
     return _without_nulls(entry)
 
 

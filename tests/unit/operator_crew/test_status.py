@@ -42,6 +42,27 @@ def test_ready_replica() -> None:
     assert _cond(status, "StateVolumeShared")["status"] == "False"
 
 
+def _mounting(claim: str) -> dict[str, Any]:
+    return {**READY_POD, "spec": {"volumes": [
+        {"name": "crews", "configMap": {"name": "r-crews"}},
+        {"name": "state", "persistentVolumeClaim": {"claimName": claim}}]}}
+
+
+def test_a_replica_lists_the_claim_its_pod_mounts_next_to_that_pods_journal_id() -> None:
+    """storage.existingClaim changed, the pod is not rolled yet: its journal id is the old
+    claim's, so the entry names the old claim (a job assigned to the new claim must not read
+    "journal changed") and is not ready for new work until the pod is replaced."""
+    status = crew_status(_obs([ReplicaObservation(0, "r-0", "team-state",
+                                                  _mounting("r-state-0"), HEALTH)]))
+    (entry,) = status["replicas"]
+    assert (entry["claim"], entry["journalId"], entry["ready"]) == ("r-state-0", "jid", False)
+    assert "replaced to mount team-state" in entry["message"]
+    current = crew_status(_obs([ReplicaObservation(0, "r-0", "team-state",
+                                                   _mounting("team-state"), HEALTH)]))
+    assert (current["replicas"][0]["claim"], current["replicas"][0]["ready"]) == \
+        ("team-state", True)
+
+
 def test_not_ready_without_health_or_pod() -> None:
     status = crew_status(_obs([
         ReplicaObservation(0, "r-0", "r-state-0", READY_POD, None),
