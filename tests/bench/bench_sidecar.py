@@ -7,14 +7,15 @@ Prints a table of:
 - durable admission latency (Prefer: respond-async) p50/p99 with 100 and with 10,000
   retained records (two real sidecar processes, requests interleaved so both see the same
   machine load);
-- exact-repeat latency;
-- a blocking `run` through the sidecar against the same offline crew built and kicked off
-  in-process with `akickoff`, over ``--pairs`` fresh pairs (a new sidecar and a new
-  in-process interpreter each, ``--runs`` runs of each side, alternating), every run started
-  once the measured processes are quiet (``await_quiet``: a spare's warm-up finished); the bar
-  is the ratio of the pooled p50s (one interpreter's own speed varies by a fifth between
-  processes, see ``inprocess_runner``), each pair's ratio is printed too; then the first pair
-  back to back, reported without a bar (a spare's warm-up then shares the 2 cores);
+- exact-repeat latency (every step of an admission but the commit), and from it the lowest
+  admission / fsync ratio the run's HTTP stack allows;
+- a blocking `run` through the sidecar (mutual TLS, the operator's kept-alive connection)
+  against the same offline crew built and kicked off in-process with `akickoff`, for a
+  declarative and a registry (``module:attribute``) crew, over ``--pairs`` fresh pairs (a new
+  sidecar and a new in-process interpreter each), in three modes: quiet (each run started
+  once the measured processes are quiet, ``await_quiet``), back to back (no pause) and 4 at
+  once; each bar is the ratio of the pooled p50s (one interpreter's own speed varies by a
+  fifth between processes, see ``inprocess_runner``), each pair's ratio is printed too;
 - restore time and RSS of a sidecar whose journal holds 10,000 records of 20 events each;
 - worker start: fork (in the template) to the first instruction of the job in the worker,
   p50/p99 over forks of the real template process;
@@ -22,8 +23,9 @@ Prints a table of:
   template and the 8 workers) against the same 8 jobs run in-process (the pre-worker path,
   ``server.serve`` without a supervisor) in one sidecar process.
 
-Bars (exit status 1 when one fails): admission p50 at 10,000 <= 1.2x p50 at 100; sidecar
-run <= 1.2x in-process; restore of 10,000 records < 2 s.
+Bars (exit status 1 when one fails): admission p50 at 10,000 <= 1.2x p50 at 100 and <= 4x
+the raw append + fsync; sidecar run <= 1.1x in-process quiet, <= 1.2x back to back and 4 at
+once; restore of 10,000 records < 2 s.
 """
 
 from __future__ import annotations
@@ -652,7 +654,11 @@ MODE_NOTES = {"quiet": "each run on a quiet machine", "b2b": "runs back to back,
 def _rows_admission(r: dict[str, Any]) -> tuple[list[tuple[str, str, str, str]], bool]:
     adm_ratio = r["adm10k_p50"] / r["adm100_p50"]
     fsync_ratio = r["adm10k_p50"] / r["fsync_p50"]
-    r.update({"admission_ratio": adm_ratio, "admission_fsync_ratio": fsync_ratio})
+    # An exact repeat takes every step of an admission but the commit (same HTTP stack, parse,
+    # hash, lookup, answer), and a commit costs at least one fsync: this run's lowest ratio.
+    floor_ratio = (r["repeat_p50"] + r["fsync_p50"]) / r["fsync_p50"]
+    r.update({"admission_ratio": adm_ratio, "admission_fsync_ratio": fsync_ratio,
+              "admission_fsync_floor_ratio": floor_ratio})
     rows = [
         ("raw append+fsync (state fs)", f"p50 {ms(r['fsync_p50'])}", f"p99 {ms(r['fsync_p99'])}",
          ""),
@@ -663,7 +669,9 @@ def _rows_admission(r: dict[str, Any]) -> tuple[list[tuple[str, str, str, str]],
          f"ratio {adm_ratio:.2f}x 100 retained (bar <= 1.2x); {fsync_ratio:.2f}x raw "
          "append+fsync (bar <= 4x)"),
         ("exact repeat (10k journal)", f"p50 {ms(r['repeat_p50'])}",
-         f"p99 {ms(r['repeat_p99'])}", ""),
+         f"p99 {ms(r['repeat_p99'])}",
+         f"floor: (repeat + raw fsync) / raw fsync = {floor_ratio:.2f}x, the lowest "
+         "admission ratio this run's HTTP stack allows"),
     ]
     return rows, adm_ratio <= 1.2 and fsync_ratio <= 4.0
 
