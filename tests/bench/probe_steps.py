@@ -1,0 +1,216 @@
+"""Where the serial part of a blocking ``run`` goes: wall time of each step, quiet and back to
+back, from timestamps the real sidecar writes at each step (a measurement aid, no bar).
+
+    .venv/bin/python tests/bench/probe_steps.py [--kind declarative|registry] [--runs N]
+
+The sidecar is the real ``crewfence-sidecar`` (mutual TLS, the bench's crews) started through a
+small wrapper that records ``time.monotonic_ns()`` (shared by every process on the machine) on
+entry to and exit from admission, its durable commit, the job frame to the worker, every frame
+from the worker (the worker's own ``started_ns`` too), the terminal commit and the moment the
+blocking answer was written; the client records its send and receive. Prints the p50 of each
+step per mode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+import aiohttp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_sidecar as b
+
+WRAPPER = '''#!{python}
+import json, os, sys, time
+from crewfence_sidecar import http_api, runtime as rt
+from crewfence_sidecar.workers import supervisor as sv
+
+OUT = open(os.environ["PROBE_STEPS_OUT"], "a", buffering=1)
+
+
+def mark(step, aid="", **extra):
+    OUT.write(json.dumps({{"t": time.monotonic_ns(), "step": step, "aid": aid, **extra}}) + "\\n")
+
+
+R, H = rt.Runtime, sv.WorkerHandle
+route, read_json = http_api.start_job, http_api._read_json
+
+
+async def timed_route(request):
+    mark("route_in", request.headers.get("Idempotency-Key", ""))
+    return await route(request)
+
+
+async def timed_read_json(request):
+    body = await read_json(request)
+    mark("body_read", request.headers.get("Idempotency-Key", ""))
+    return body
+
+
+http_api.start_job, http_api._read_json = timed_route, timed_read_json
+admit, persist, record, written = R.admit, R._persist_admission, R._record_output, \\
+    R.answers_written
+opened, next_message = H.open, H.next_message
+
+
+async def timed_admit(self, req, key):
+    mark("admit_in", req.action_id)
+    try:
+        return await admit(self, req, key)
+    finally:
+        mark("admit_out", req.action_id)
+
+
+def timed_persist(self, req, digest):
+    mark("commit_in", req.action_id)
+    try:
+        return persist(self, req, digest)
+    finally:
+        mark("commit_out", req.action_id)
+
+
+def timed_record(self, aid, output):
+    mark("terminal_in", aid)
+    record(self, aid, output)
+    mark("terminal_out", aid)
+
+
+async def timed_written(self, aid, *args, **kwargs):
+    await written(self, aid, *args, **kwargs)
+    mark("answered", aid)
+
+
+async def timed_open(self, job):
+    mark("frame_in", job.get("action_id"))
+    await opened(self, job)
+    mark("frame_out", job.get("action_id"))
+
+
+async def timed_next(self):
+    message = await next_message(self)
+    if message is not None:
+        mark("worker_" + str(message.get("type")), "",
+             **({{"worker_t": message["started_ns"]}} if "started_ns" in message else {{}}))
+    return message
+
+
+R.admit, R._persist_admission, R._record_output = timed_admit, timed_persist, timed_record
+R.answers_written, H.open, H.next_message = timed_written, timed_open, timed_next
+from crewfence_sidecar.cli import main
+sys.exit(main())
+'''
+
+STEPS: tuple[tuple[str, str, str], ...] = (
+    ("client_send", "route_in", "client request, TLS, HTTP parse, middlewares"),
+    ("route_in", "body_read", "body read and JSON parsed"),
+    ("body_read", "admit_in", "start request validated"),
+    ("admit_in", "commit_in", "key, RFC 8785 hash, lookups, admissibility"),
+    ("commit_in", "commit_out", "the admission's durable commit (fsync)"),
+    ("commit_out", "frame_in", "job task, concurrency slot, worker taken"),
+    ("frame_in", "frame_out", "job frame written to the worker"),
+    ("frame_out", "worker_started", "worker reads the frame, sends `started`"),
+    ("worker_started", "worker_result", "the crew in the worker (build, kickoff)"),
+    ("worker_result", "terminal_in", "result frame read"),
+    ("terminal_in", "terminal_out", "the terminal commit (fsync)"),
+    ("terminal_out", "answered", "blocking route wakes, answer written"),
+    ("answered", "client_recv", "client reads the answer"),
+    ("client_send", "client_recv", "whole run"),
+)
+
+
+def _mark(out: TextIO, step: str, aid: str) -> None:
+    out.write(json.dumps({"t": time.monotonic_ns(), "step": step, "aid": aid}) + "\n")
+
+
+def per_run(rows: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """Each run's step times; worker frames belong to the job whose frame went out last."""
+    runs: dict[str, dict[str, int]] = {}
+    current = ""
+    for row in sorted(rows, key=lambda r: r["t"]):
+        step, aid = row["step"], row["aid"]
+        if step == "frame_out":
+            current = aid
+        if step.startswith("worker_") and current:
+            steps = runs.setdefault(current, {})
+            steps.setdefault(step, row["t"])
+            if "worker_t" in row:
+                steps.setdefault("worker_started", row["worker_t"])
+            continue
+        if aid:
+            runs.setdefault(aid, {}).setdefault(step, row["t"])
+    return runs
+
+
+def report(runs: dict[str, dict[str, int]]) -> None:
+    for mode, prefix in (("quiet", "q"), ("back to back", "b")):
+        print(f"== {mode}")
+        for start, end, what in STEPS:
+            spans = [(v[end] - v[start]) / 1e6 for k, v in runs.items()
+                     if k.startswith(prefix) and start in v and end in v]
+            if spans:
+                print(f"{statistics.median(spans):8.3f} ms  {start} -> {end}: {what} "
+                      f"(n={len(spans)})")
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kind", choices=("declarative", "registry"), default="declarative")
+    ap.add_argument("--runs", type=int, default=12, help="runs per mode and round (2 rounds)")
+    args = ap.parse_args()
+    base = Path(tempfile.mkdtemp(prefix="probe-steps-"))
+    out_path = base / "steps.jsonl"
+    wrapper = base / "timed-sidecar"
+    wrapper.write_text(WRAPPER.format(python=sys.executable))
+    wrapper.chmod(0o700)
+    b.SIDECAR = str(wrapper)
+    crews = base / "crews.yaml"
+    crews.write_text(b.CREWS)
+    tls_env, ctx = b.mtls_pki(base)
+    env = {**tls_env, "PROBE_STEPS_OUT": str(out_path)}
+    journal = b.private_dir(base, "s") / "journal.db"
+    if args.kind == "declarative":
+        p, crew_id = b.start_sidecar(base, "s", journal, crews, **env), "research"
+    else:
+        p = b.start_sidecar(base, "s", journal, None, CREWFENCE_REGISTRY=b.REGISTRY,
+                            PYTHONPATH=os.pathsep.join([b.BENCH_DIR,
+                                                        os.environ.get("PYTHONPATH", "")]),
+                            **env)
+        crew_id = "research-registry"
+    b.wait_listening(p)
+    roots = [p.proc.pid, os.getpid()]
+    try:
+        with out_path.open("a", buffering=1) as out:
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx)) as s:
+                url = f"https://127.0.0.1:{p.port}"
+
+                async def one(aid: str) -> None:
+                    _mark(out, "client_send", aid)
+                    await b.blocking_run(s, url, crew_id, aid, f"topic {aid}")
+                    _mark(out, "client_recv", aid)
+
+                await asyncio.gather(*(b.blocking_run(s, url, crew_id, f"warm{j}", "warm")
+                                       for j in range(4)))
+                for rnd in range(2):
+                    for i in range(args.runs):
+                        await b.await_quiet(roots)
+                        await one(f"q{rnd}-{i}")
+                    await b.await_quiet(roots)
+                    for i in range(args.runs):
+                        await one(f"b{rnd}-{i}")
+    finally:
+        p.stop()
+    report(per_run([json.loads(line) for line in out_path.read_text().splitlines()]))
+    print(f"load {os.getloadavg()[0]:.2f}; steps: {out_path}")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
