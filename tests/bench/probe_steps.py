@@ -6,9 +6,8 @@ back, from timestamps the real sidecar writes at each step (a measurement aid, n
 The sidecar is the real ``crewfence-sidecar`` (mutual TLS, the bench's crews) started through a
 small wrapper that records ``time.monotonic_ns()`` (shared by every process on the machine) on
 entry to and exit from admission, its durable commit, the job frame to the worker, every frame
-from the worker (the worker's own ``started_ns`` too), the terminal commit and the moment the
-blocking answer was written; the client records its send and receive. Prints the p50 of each
-step per mode.
+from the worker (the worker's own ``started_ns`` too) and the terminal commit; the client
+records its send and receive. Prints the p50 of each step per mode.
 """
 
 from __future__ import annotations
@@ -57,8 +56,7 @@ async def timed_read_json(request):
 
 
 http_api.start_job, http_api._read_json = timed_route, timed_read_json
-admit, persist, record, written = R.admit, R._persist_admission, R._record_output, \\
-    R.answers_written
+admit, persist, record = R.admit, R._persist_admission, R._record_output
 opened, next_message = H.open, H.next_message
 
 
@@ -84,11 +82,6 @@ def timed_record(self, aid, output):
     mark("terminal_out", aid)
 
 
-async def timed_written(self, aid, *args, **kwargs):
-    await written(self, aid, *args, **kwargs)
-    mark("answered", aid)
-
-
 async def timed_open(self, job):
     mark("frame_in", job.get("action_id"))
     await opened(self, job)
@@ -104,7 +97,7 @@ async def timed_next(self):
 
 
 R.admit, R._persist_admission, R._record_output = timed_admit, timed_persist, timed_record
-R.answers_written, H.open, H.next_message = timed_written, timed_open, timed_next
+H.open, H.next_message = timed_open, timed_next
 from crewfence_sidecar.cli import main
 sys.exit(main())
 '''
@@ -121,8 +114,7 @@ STEPS: tuple[tuple[str, str, str], ...] = (
     ("worker_started", "worker_result", "the crew in the worker (build, kickoff)"),
     ("worker_result", "terminal_in", "result frame read"),
     ("terminal_in", "terminal_out", "the terminal commit (fsync)"),
-    ("terminal_out", "answered", "blocking route wakes, answer written"),
-    ("answered", "client_recv", "client reads the answer"),
+    ("terminal_out", "client_recv", "blocking route wakes, answer written and read"),
     ("client_send", "client_recv", "whole run"),
 )
 
