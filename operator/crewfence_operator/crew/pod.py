@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -185,6 +186,15 @@ def replica_pod(
         "metadata": object_meta(crew, name, replica_labels(crew, ordinal)),
         "spec": pod_spec,
     }
+
+
+def mounted_state_claim(pod: Mapping[str, Any] | None) -> str | None:
+    """The claim a pod object mounts as its state volume (None without a pod or that volume)."""
+    for volume in ((pod or {}).get("spec") or {}).get("volumes") or ():
+        if isinstance(volume, Mapping) and volume.get("name") == c.STATE_VOLUME:
+            name = (volume.get("persistentVolumeClaim") or {}).get("claimName")
+            return str(name) if name else None
+    return None
 
 
 def pod_claims(pod: dict[str, Any]) -> list[str]:

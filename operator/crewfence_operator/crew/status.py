@@ -11,6 +11,7 @@ from typing import Any
 from crewfence_operator import constants as c
 from crewfence_operator.crew.journal_room import BoundReport, journal_room, reports_from_wire
 from crewfence_operator.crew.model_credentials import CredentialsVerdict
+from crewfence_operator.crew.pod import mounted_state_claim
 from crewfence_operator.crew.tool_servers import ToolsVerdict
 
 
@@ -111,15 +112,6 @@ def pod_address(pod: Mapping[str, Any] | None, port: int) -> str | None:
         return None
     ip = (pod.get("status") or {}).get("podIP")
     return f"{ip}:{port}" if ip else None
-
-
-def mounted_state_claim(pod: Mapping[str, Any] | None) -> str | None:
-    """The claim a pod object mounts as its state volume (None without a pod or that volume)."""
-    for volume in ((pod or {}).get("spec") or {}).get("volumes") or ():
-        if isinstance(volume, Mapping) and volume.get("name") == c.STATE_VOLUME:
-            name = (volume.get("persistentVolumeClaim") or {}).get("claimName")
-            return str(name) if name else None
-    return None
 
 
 def replica_status(obs: ReplicaObservation, port: int) -> dict[str, Any]:
