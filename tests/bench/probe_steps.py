@@ -157,6 +157,9 @@ async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--kind", choices=("declarative", "registry"), default="declarative")
     ap.add_argument("--runs", type=int, default=12, help="runs per mode and round (2 rounds)")
+    ap.add_argument("--interleave", action="store_true",
+                    help="quiet runs alternate with the same crew akickoff-ed in-process, as "
+                         "bench_sidecar's quiet mode does (both sides' p50 printed)")
     args = ap.parse_args()
     base = Path(tempfile.mkdtemp(prefix="probe-steps-"))
     out_path = base / "steps.jsonl"
@@ -179,6 +182,13 @@ async def main() -> None:
         crew_id = "research-registry"
     b.wait_listening(p)
     roots = [p.proc.pid, os.getpid()]
+    runner = None
+    if args.interleave:
+        from inprocess_runner import InProcessRunner
+        runner = await InProcessRunner.start(crews, base / "inproc-crewai", registry=b.REGISTRY)
+        await runner.ready()
+        roots.append(runner.pid)
+    inproc: list[float] = []
     try:
         with out_path.open("a", buffering=1) as out:
             async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx)) as s:
@@ -191,16 +201,26 @@ async def main() -> None:
 
                 await asyncio.gather(*(b.blocking_run(s, url, crew_id, f"warm{j}", "warm")
                                        for j in range(4)))
+                if runner is not None:
+                    await runner.run("warm", crew_id)
                 for rnd in range(2):
                     for i in range(args.runs):
                         await b.await_quiet(roots)
                         await one(f"q{rnd}-{i}")
+                        if runner is not None:
+                            await b.await_quiet(roots)
+                            inproc.append(await runner.run(f"topic q{rnd}-{i}", crew_id))
                     await b.await_quiet(roots)
                     for i in range(args.runs):
                         await one(f"b{rnd}-{i}")
     finally:
         p.stop()
+        if runner is not None:
+            await runner.close()
     report(per_run([json.loads(line) for line in out_path.read_text().splitlines()]))
+    if inproc:
+        print(f"{statistics.median(inproc) * 1e3:8.3f} ms  in-process run, interleaved with the "
+              f"quiet runs (n={len(inproc)})")
     print(f"load {os.getloadavg()[0]:.2f}; steps: {out_path}")
 
 
