@@ -183,6 +183,10 @@ class CrewCatalog:
             _HANDED_OUT.claim(crew)
         return crew
 
+    def take_prepared(self, crew_id: str) -> Crew | None:
+        """A crew built ahead of its job, handed out once; None when there is none."""
+        return None
+
 
 @dataclass(frozen=True)
 class PreparedCatalog(CrewCatalog):
@@ -197,5 +201,8 @@ class PreparedCatalog(CrewCatalog):
                    {crew_id: catalog.build(crew_id) for crew_id in crew_ids})
 
     def build(self, crew_id: str) -> Crew:
-        crew = self.prepared.pop(crew_id, None)
+        crew = self.take_prepared(crew_id)
         return crew if crew is not None else super().build(crew_id)
+
+    def take_prepared(self, crew_id: str) -> Crew | None:
+        return self.prepared.pop(crew_id, None)

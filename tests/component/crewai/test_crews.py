@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -9,7 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 from crewai import Crew
-from crewfence_sidecar.crews import CatalogError, CrewCatalog
+from crewfence_sidecar import operations
+from crewfence_sidecar.crews import CatalogError, CrewCatalog, PreparedCatalog
 
 CREW_MODULE = """
 from crewai import Agent, Crew, Task
@@ -158,3 +160,34 @@ def test_loading_a_catalog_declines_crewai_first_time_tracing(sample_catalog: Cr
     assert has_user_declined_tracing()
     listener = getattr(TraceCollectionListener, "_instance", None)
     assert listener is None or not listener.first_time_handler.is_first_time
+
+
+def test_a_prepared_crew_is_handed_out_once_then_crews_are_built_fresh(
+        sample_catalog: CrewCatalog) -> None:
+    prepared = PreparedCatalog.prepare(sample_catalog, ["research"])
+    ahead = prepared.prepared["research"]
+    assert prepared.take_prepared("research") is ahead
+    assert prepared.take_prepared("research") is None
+    assert sample_catalog.take_prepared("research") is None
+    fresh = prepared.build("research")
+    assert isinstance(fresh, Crew) and fresh is not ahead
+
+
+async def test_a_job_takes_its_prepared_crew_without_a_thread_hop(
+        sample_catalog: CrewCatalog, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Invariant: a crew built ahead of its job costs the job no thread hop (on the serial
+    path of every run); a crew still to be built is built off the event loop."""
+    hops: list[object] = []
+    real_to_thread = asyncio.to_thread
+
+    async def counting_to_thread(func: Callable[..., object], /, *args: object) -> object:
+        hops.append(func)
+        return await real_to_thread(func, *args)
+
+    monkeypatch.setattr(operations.asyncio, "to_thread", counting_to_thread)
+    prepared = PreparedCatalog.prepare(sample_catalog, ["research"])
+    ahead = prepared.prepared["research"]
+    assert await operations._build(prepared, "research") is ahead
+    assert hops == []
+    built = await operations._build(prepared, "research")
+    assert isinstance(built, Crew) and built is not ahead and len(hops) == 1
