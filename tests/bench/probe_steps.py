@@ -2,12 +2,15 @@
 back, from timestamps the real sidecar writes at each step (a measurement aid, no bar).
 
     .venv/bin/python tests/bench/probe_steps.py [--kind declarative|registry] [--runs N]
+                                                [--interleave]
 
 The sidecar is the real ``crewfence-sidecar`` (mutual TLS, the bench's crews) started through a
 small wrapper that records ``time.monotonic_ns()`` (shared by every process on the machine) on
 entry to and exit from admission, its durable commit, the job frame to the worker, every frame
 from the worker (the worker's own ``started_ns`` too) and the terminal commit; the client
-records its send and receive. Prints the p50 of each step per mode.
+records its send and receive. Prints the p50 of each step per mode. With ``--interleave``
+each quiet run alternates with the same crew ``akickoff``-ed in the in-process runner (as
+``bench_sidecar.py``'s quiet mode does), whose p50 is printed too.
 """
 
 from __future__ import annotations
