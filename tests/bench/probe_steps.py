@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_sidecar as b
 
 WRAPPER = '''#!{python}
-import json, os, sys, time
+import inspect, json, os, sys, time
 from crewfence_sidecar import http_api, runtime as rt
 from crewfence_sidecar.workers import supervisor as sv
 
@@ -59,36 +59,31 @@ async def timed_read_json(request):
 
 
 http_api.start_job, http_api._read_json = timed_route, timed_read_json
-admit, persist, record = R.admit, R._persist_admission, R._record_output
-opened, next_message = H.open, H.next_message
 
 
-async def timed_admit(self, req, key):
-    mark("admit_in", req.action_id)
-    try:
-        return await admit(self, req, key)
-    finally:
-        mark("admit_out", req.action_id)
+def around(func, step_in, step_out, aid_of):
+    """``func`` (a method, sync or async) marked on entry and exit, by the action id its
+    arguments name."""
+    if inspect.iscoroutinefunction(func):
+        async def timed(self, *args):
+            aid = aid_of(*args)
+            mark(step_in, aid)
+            try:
+                return await func(self, *args)
+            finally:
+                mark(step_out, aid)
+    else:
+        def timed(self, *args):
+            aid = aid_of(*args)
+            mark(step_in, aid)
+            try:
+                return func(self, *args)
+            finally:
+                mark(step_out, aid)
+    return timed
 
 
-def timed_persist(self, req, digest):
-    mark("commit_in", req.action_id)
-    try:
-        return persist(self, req, digest)
-    finally:
-        mark("commit_out", req.action_id)
-
-
-def timed_record(self, aid, output):
-    mark("terminal_in", aid)
-    record(self, aid, output)
-    mark("terminal_out", aid)
-
-
-async def timed_open(self, job):
-    mark("frame_in", job.get("action_id"))
-    await opened(self, job)
-    mark("frame_out", job.get("action_id"))
+next_message = H.next_message
 
 
 async def timed_next(self):
@@ -99,8 +94,13 @@ async def timed_next(self):
     return message
 
 
-R.admit, R._persist_admission, R._record_output = timed_admit, timed_persist, timed_record
-H.open, H.next_message = timed_open, timed_next
+R.admit = around(R.admit, "admit_in", "admit_out", lambda req, key: req.action_id)
+R._persist_admission = around(R._persist_admission, "commit_in", "commit_out",
+                              lambda req, digest: req.action_id)
+R._record_output = around(R._record_output, "terminal_in", "terminal_out",
+                          lambda aid, output: aid)
+H.open = around(H.open, "frame_in", "frame_out", lambda job: job.get("action_id"))
+H.next_message = timed_next
 from crewfence_sidecar.cli import main
 sys.exit(main())
 '''
