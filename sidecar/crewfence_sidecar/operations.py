@@ -2,7 +2,7 @@
 
 | operation          | mechanism                                                        |
 |--------------------|------------------------------------------------------------------|
-| ``run``            | native ``akickoff`` with crewai streaming; text chunks -> events |
+| ``run``            | native ``akickoff``; streamed model text -> ``chunk`` events     |
 |                    | (a crew with knowledge: on a private loop, see below)            |
 | ``batch_run``      | ``akickoff`` of one fresh crew per input in a TaskGroup, 8 at a  |
 |                    | time (``akickoff_for_each`` shares one LLM object between copies) |
@@ -50,14 +50,14 @@ from crewai.events.base_events import BaseEvent
 from crewai.events.event_bus import crewai_event_bus
 from crewai.events.listeners.tracing.utils import set_suppress_tracing_messages
 from crewai.events.types.crew_events import CrewTestResultEvent
-from crewai.types.streaming import CrewStreamingOutput, StreamChunk
 from crewai.utilities.constants import TRAINING_DATA_FILE
 from pydantic_core import to_jsonable_python
 
+from crewfence_sidecar.chunks import streamed_chunks
 from crewfence_sidecar.contract import ARTIFACT_NAME_RE, Operation
 from crewfence_sidecar.crews import CrewCatalog
 from crewfence_sidecar.offline_llm import bind_cancel_event, resolve_llm, unbind_cancel_event
-from crewfence_sidecar.private_loop import on_loop, run_on_private_loop
+from crewfence_sidecar.private_loop import run_on_private_loop
 from crewfence_sidecar.resume import (
     MAX_RESUME_MATERIAL_CHARS,
     ModelReplay,
@@ -112,22 +112,6 @@ def crew_output(crew: Crew | None, result: CrewOutput) -> dict[str, Any]:
             if id(task_out) in ids and isinstance(item, dict):
                 item["id"] = ids[id(task_out)]
     return output
-
-
-def chunk_data(chunk: StreamChunk) -> dict[str, Any]:
-    """The data of a ``chunk`` event. crewai 1.15 leaves task_name/task_id empty in streams."""
-    data: dict[str, Any] = {
-        "content": chunk.content,
-        "chunk_type": chunk.chunk_type.value,
-        "agent_role": chunk.agent_role,
-    }
-    if chunk.task_id:
-        data["task_id"] = chunk.task_id
-    if chunk.task_name:
-        data["task_name"] = chunk.task_name
-    if chunk.tool_call is not None:
-        data["tool_call"] = jsonable(chunk.tool_call)
-    return data
 
 
 async def _build(catalog: CrewCatalog, crew_id: str) -> Crew:
@@ -189,25 +173,13 @@ async def _off_the_loop_if_needed(crew: Crew, kickoff: Coroutine[Any, Any, T],
     return await run_on_private_loop(kickoff, name=crew.name or "crew", wake=cancelled.set)
 
 
-async def _stream_kickoff(crew: Crew, inputs: dict[str, Any],
-                          emit_chunk: Callable[[dict[str, Any]], Awaitable[None]]) -> Any:
-    streaming = await crew.akickoff(inputs=inputs)
-    if not isinstance(streaming, CrewStreamingOutput):  # pragma: no cover - crewai contract
-        return crew_output(crew, streaming)
-    # ``async with`` closes the stream (and cancels crewai's inner task) on any exit.
-    async with streaming:
-        async for chunk in streaming:
-            await emit_chunk(chunk_data(chunk))
-    return crew_output(crew, streaming.result)
-
-
 def _plan(ctx: ExecutionContext) -> ResumePlan | None:
     return ResumePlan.from_wire(ctx.resume) if ctx.resume else None
 
 
 async def _run(catalog: CrewCatalog, ctx: ExecutionContext, cancelled: threading.Event) -> Any:
     crew = await _build(catalog, ctx.crew_id)
-    crew.stream = True
+    crew.stream = False  # chunks come through streamed_chunks (a factory may have set it)
     plan = _plan(ctx)
     job_ledger = ledger.current()
     if job_ledger is not None and job_ledger.tracks_models():
@@ -218,12 +190,14 @@ async def _run(catalog: CrewCatalog, ctx: ExecutionContext, cancelled: threading
         from crewfence_sidecar.resume_crew import reuse_completed_tasks
 
         reuse_completed_tasks(crew, plan, job_ledger)
-    if not uses_knowledge(crew):
-        return await _stream_kickoff(crew, dict(ctx.input), ctx.emit_chunk)
-    # The runtime journals chunks on the sidecar's loop, not on the private one.
-    emit_chunk = on_loop(asyncio.get_running_loop(), ctx.emit_chunk)
-    return await _off_the_loop_if_needed(
-        crew, _stream_kickoff(crew, dict(ctx.input), emit_chunk), cancelled)
+    # The sink is in this task's context, which a knowledge crew's private loop copies; its
+    # chunks are journaled on the sidecar's loop, not on the private one.
+    with streamed_chunks(crew, ctx.emit_chunk):
+        result = await _off_the_loop_if_needed(crew, crew.akickoff(inputs=dict(ctx.input)),
+                                               cancelled)
+    if not isinstance(result, CrewOutput):  # pragma: no cover - crewai contract
+        raise ExecutionError("run: crewai returned no CrewOutput")
+    return crew_output(crew, result)
 
 
 BATCH_CONCURRENCY = 8

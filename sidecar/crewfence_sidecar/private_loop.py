@@ -6,10 +6,10 @@ rewrites an agent's knowledge search query with the SYNC ``LLM.call`` inside
 event streams and the cancel route for the whole LLM call. On a private loop only that one
 kickoff waits.
 
-Cancelling the caller wakes blocking work (``wake``), cancels the private task (its
-``async with`` blocks close their streams) and waits up to :data:`CANCEL_GRACE_SECONDS`
-for it to finish before the cancellation propagates. Work stuck in a blocking call on the
-private thread (a hosted LLM request) may outlive that grace, like any thread-backed work.
+Cancelling the caller wakes blocking work (``wake``), cancels the private task and waits up
+to :data:`CANCEL_GRACE_SECONDS` for it to finish before the cancellation propagates. Work
+stuck in a blocking call on the private thread (a hosted LLM request) may outlive that
+grace, like any thread-backed work.
 """
 
 from __future__ import annotations
@@ -17,11 +17,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
-A = TypeVar("A")
 CANCEL_GRACE_SECONDS = 5.0
 THREAD_NAME_PREFIX = "crewfence-private-loop"
 
@@ -99,15 +98,3 @@ async def run_on_private_loop(coro: Coroutine[Any, Any, T], name: str,
         outcome.add_done_callback(_retrieve)
         raise
 
-
-def on_loop(loop: asyncio.AbstractEventLoop,
-            function: Callable[[A], Awaitable[None]]) -> Callable[[A], Awaitable[None]]:
-    """``function`` made callable from another loop: each call runs on ``loop`` and is awaited."""
-
-    async def call(argument: A) -> None:
-        await function(argument)
-
-    async def call_there(argument: A) -> None:
-        await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(call(argument), loop))
-
-    return call_there

@@ -78,8 +78,9 @@ class JobContext:
     input: dict[str, Any]
     """Already validated by ``contract.validate_operation_input``."""
     training_dir: Path | None
-    emit_chunk: Callable[[dict[str, Any]], Awaitable[None]]
-    """Appends the data of one ``chunk`` event."""
+    emit_chunk: Callable[[dict[str, Any]], None]
+    """Appends the data of one ``chunk`` event; called on the job's event loop, in the
+    order the chunks were streamed (see :mod:`crewfence_sidecar.chunks`)."""
     on_stopped: Callable[[StopReport], None] | None = None
     """Told by a worker executor that it stopped and reaped the job's worker (see workers)."""
     on_output: Callable[[Any], None] | None = None
@@ -372,7 +373,7 @@ class Runtime:
 
     # --- execution -------------------------------------------------------------------------
     async def _execute(self, req: StartRequest) -> Any:
-        async def emit_chunk(data: dict[str, Any]) -> None:
+        def emit_chunk(data: dict[str, Any]) -> None:
             self._append_chunk(req.action_id, data)
 
         job = self._jobs.get(req.action_id)

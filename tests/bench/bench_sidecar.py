@@ -493,7 +493,7 @@ async def bench_worker_start(crews: Path, n: int) -> dict[str, Any]:
     try:
         from crewfence_sidecar.runtime import JobContext
 
-        async def no_chunks(data: dict[str, Any]) -> None:
+        def no_chunks(data: dict[str, Any]) -> None:
             return None
 
         for i in range(n):
@@ -529,7 +529,7 @@ async def bench_cpu_per_run(crews: Path, n: int) -> dict[str, Any]:
         await catalog.build("research").akickoff(inputs={"topic": f"cpu {i}"})
         inproc.append(time.process_time() - t)
 
-    async def no_chunks(data: dict[str, Any]) -> None:
+    def no_chunks(data: dict[str, Any]) -> None:
         return None
 
     supervisor = Supervisor.spawn_template(TemplateSettings(crews_file=str(crews)))

@@ -84,7 +84,7 @@ async def in_process(catalog: Any, journal_dir: Path, runs: int, calls: int,
         return time.perf_counter() - started
 
     async def plain(n: int, action_id: str) -> float:
-        async def no_chunks(_data: dict[str, Any]) -> None:
+        def no_chunks(_data: dict[str, Any]) -> None:
             return None
 
         ctx = JobContext(crew_id="bench", action_id=action_id, operation="run",

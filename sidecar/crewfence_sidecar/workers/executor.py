@@ -328,7 +328,7 @@ class WorkerExecutor:
                 return None
             kind = message.get("type")
             if kind == "chunk":
-                await ctx.emit_chunk(dict(message.get("data") or {}))
+                ctx.emit_chunk(dict(message.get("data") or {}))
             elif kind == "llm_call":
                 count_offline_llm_call()
             elif kind == "effect":

@@ -41,7 +41,7 @@ async def _kickoff() -> None:
     from crewfence_sidecar.crews import CrewCatalog
     from crewfence_sidecar.runtime import JobContext
 
-    async def no_chunks(data: dict[str, Any]) -> None:
+    def no_chunks(data: dict[str, Any]) -> None:
         return None
 
     catalog = CrewCatalog({WARM_CREW_ID: _warm_crew})

@@ -101,7 +101,7 @@ async def _execute(catalog: Any, job: dict[str, Any], channel: _Channel,
                    settings: TemplateSettings) -> dict[str, Any]:
     from crewfence_sidecar import operations
 
-    async def emit_chunk(data: dict[str, Any]) -> None:
+    def emit_chunk(data: dict[str, Any]) -> None:
         channel.send({"type": "chunk", "data": data})
 
     ctx = JobContext(crew_id=str(job["crew_id"]), action_id=str(job["action_id"]),

@@ -23,7 +23,7 @@ class ChunkSink:
 
     items: list[dict[str, Any]] = field(default_factory=list)
 
-    async def emit(self, data: dict[str, Any]) -> None:
+    def emit(self, data: dict[str, Any]) -> None:
         self.items.append(data)
 
 

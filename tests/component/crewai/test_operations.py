@@ -121,7 +121,7 @@ async def test_concurrent_runs_stream_only_their_own_chunks(sample_catalog: Any)
     def ctx(topic: str) -> ExecutionContext:
         sinks[topic] = []
 
-        async def emit(data: dict[str, Any]) -> None:
+        def emit(data: dict[str, Any]) -> None:
             sinks[topic].append(data["content"])
 
         return ExecutionContext(crew_id="research", action_id=topic, operation="run",

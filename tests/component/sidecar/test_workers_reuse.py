@@ -198,7 +198,7 @@ async def test_recorded_is_sent_only_after_the_blocking_answers_were_written(
     answer_written = asyncio.Event()
     outputs: list[Any] = []
 
-    async def no_chunks(data: dict[str, Any]) -> None:
+    def no_chunks(data: dict[str, Any]) -> None:
         return None
 
     ctx = JobContext(crew_id="tagged", action_id="answered-1", operation="run",

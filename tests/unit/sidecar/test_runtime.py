@@ -47,7 +47,7 @@ class CountingExecutor:
         if ctx.operation == "replay":
             await asyncio.to_thread(self.thread_release.wait, 30)
             return {"replayed": True}
-        await ctx.emit_chunk({"content": "a"})
+        ctx.emit_chunk({"content": "a"})
         if ctx.input.get("block"):
             await self.release.wait()
         if ctx.input.get("fail"):
@@ -57,7 +57,7 @@ class CountingExecutor:
         if ctx.input.get("remote_no_tool"):
             raise RemoteExecutionError("MCPToolError",
                                        tool_setup="MCP server 'tickets': tools/list failed")
-        await ctx.emit_chunk({"content": "b"})
+        ctx.emit_chunk({"content": "b"})
         return {"echo": ctx.input}
 
 
