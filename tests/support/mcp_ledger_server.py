@@ -1,5 +1,6 @@
-"""A real MCP server for the effect-ledger tests (the ``mcp`` package's FastMCP, streamable
-HTTP on loopback): ``python mcp_ledger_server.py PORT LEDGER_FILE``.
+"""A real MCP server for the effect-ledger tests (the ``mcp`` package's FastMCP on loopback):
+``python mcp_ledger_server.py PORT LEDGER_FILE [TRANSPORT]``, TRANSPORT ``streamable-http``
+(the default; endpoint ``/mcp``) or ``sse`` (``/sse``, messages POSTed to ``/messages/``).
 
 ``create_ticket(title, sleep=0)`` appends one JSON line to LEDGER_FILE (outside any sidecar
 state dir; fsync'd BEFORE it sleeps, so a test can await the line and then kill the sidecar
@@ -17,7 +18,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 from mcp.server.fastmcp import Context, FastMCP
@@ -34,7 +35,7 @@ def _received(ctx: Context[Any, Any, Any]) -> tuple[str | None, str | None]:
     return meta.get(META_KEY), header
 
 
-class CountingServer(FastMCP):  # type: ignore[type-arg]
+class CountingServer(FastMCP):
     """Logs who lists the tools; hides ``late_ticket`` until ``<ledger>.late`` exists."""
 
     def __init__(self, ledger: Path, **settings: Any) -> None:
@@ -55,6 +56,10 @@ class CountingServer(FastMCP):  # type: ignore[type-arg]
 
 def main() -> None:
     port, ledger = int(sys.argv[1]), Path(sys.argv[2])
+    named = sys.argv[3] if len(sys.argv) > 3 else "streamable-http"
+    if named not in ("streamable-http", "sse"):
+        sys.exit(f"unknown transport {named!r}: streamable-http or sse")
+    transport: Literal["streamable-http", "sse"] = "sse" if named == "sse" else "streamable-http"
     server = CountingServer(ledger, host="127.0.0.1", port=port, log_level="WARNING")
 
     @server.tool()
@@ -85,7 +90,7 @@ def main() -> None:
         """Create a late ticket (listed only once the server has gained it)."""
         return f"late ticket created: {title}"
 
-    server.run(transport="streamable-http")
+    server.run(transport=transport)
 
 
 if __name__ == "__main__":

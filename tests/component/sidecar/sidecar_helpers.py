@@ -156,14 +156,17 @@ def json_call(url: str, method: str = "GET", body: dict[str, Any] | None = None,
 
 
 @contextlib.contextmanager
-def mcp_ledger_server(where: Path) -> Iterator[tuple[str, Path]]:
+def mcp_ledger_server(where: Path,
+                      transport: str = "streamable-http") -> Iterator[tuple[str, Path]]:
     """(URL, ledger file) of the real MCP test server (``tests/support/mcp_ledger_server.py``)
-    on loopback while the block runs; its ledger and log go in ``where``."""
+    on loopback, over ``transport`` (``streamable-http`` or ``sse``), while the block runs;
+    its ledger and log go in ``where``."""
     ledger, port = where / "tickets.jsonl", free_port()
     log = where / "server.log"
     with log.open("wb") as err:
         proc = subprocess.Popen([sys.executable, str(SUPPORT / "mcp_ledger_server.py"),
-                                 str(port), str(ledger)], stdout=subprocess.DEVNULL, stderr=err)
+                                 str(port), str(ledger), transport],
+                                stdout=subprocess.DEVNULL, stderr=err)
 
     def listening() -> bool:
         assert proc.poll() is None, log.read_text()
@@ -172,7 +175,7 @@ def mcp_ledger_server(where: Path) -> Iterator[tuple[str, Path]]:
 
     try:
         wait_until(listening, 60, "the MCP server to listen")
-        yield f"http://127.0.0.1:{port}/mcp", ledger
+        yield f"http://127.0.0.1:{port}/{'sse' if transport == 'sse' else 'mcp'}", ledger
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)

@@ -40,7 +40,14 @@ def mcp_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, 
         yield server
 
 
-def _crews_yaml(url: str) -> str:
+@pytest.fixture(scope="module")
+def mcp_sse_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """(URL, ledger file) of the same MCP server over SSE, for the tests that ask for it."""
+    with mcp_ledger_server(tmp_path_factory.mktemp("mcp-sse"), "sse") as server:
+        yield server
+
+
+def _crews_yaml(url: str, transport: str = "streamable-http") -> str:
     return f"""\
 crews:
   desk:
@@ -48,7 +55,7 @@ crews:
       mcpServers:
         - name: tickets
           url: {url}
-          transport: streamable-http
+          transport: {transport}
       python:
         - {{name: lookup, ref: "ledger_tools:lookup"}}
         - {{name: explode, ref: "ledger_tools:ExplodingTool"}}
@@ -78,11 +85,17 @@ crews:
 
 
 @pytest.fixture
-def desk(tmp_path: Path, mcp_server: tuple[str, Path]) -> dict[str, Any]:
+def desk(request: pytest.FixtureRequest, tmp_path: Path,
+         mcp_server: tuple[str, Path]) -> dict[str, Any]:
+    """The ``desk`` crew's sidecar environment; its MCP server speaks streamable HTTP, or
+    SSE in a test that parametrizes this fixture indirectly with ``"sse"``."""
+    transport = getattr(request, "param", "streamable-http")
+    if transport == "sse":
+        mcp_server = request.getfixturevalue("mcp_sse_server")
     state = tmp_path / "state"
     state.mkdir(mode=0o700)
     crews = tmp_path / "crews.yaml"
-    crews.write_text(_crews_yaml(mcp_server[0]))
+    crews.write_text(_crews_yaml(mcp_server[0], transport))
     tool_ledger = tmp_path / "python-tools.jsonl"
     env = sidecar_env(state / "journal.db", crews,
                       CREWFENCE_TEST_TOOL_LEDGER=str(tool_ledger),
@@ -120,6 +133,7 @@ def _ticket(title: str, sleep: float = 0) -> str:
     return f"[[tool:tickets/create_ticket {json.dumps(args)}]]"
 
 
+@pytest.mark.parametrize("desk", ["streamable-http", "sse"], indirect=True)
 def test_two_tool_calls_are_journaled_in_order_with_the_keys_the_server_saw(
         desk: dict[str, Any]) -> None:
     sidecar = SidecarProcess([], desk["env"], desk["tmp"] / "sidecar.log").start()
