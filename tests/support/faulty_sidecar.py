@@ -17,6 +17,7 @@ Other states: :meth:`stop`/:meth:`start` (the process "dies": connection refused
 :meth:`restart` (same port; running records become failed ``sidecar_restarted`` with
 ``uncertain_outcome`` unless the journal is lost), :meth:`change_journal` (a new journal id and
 no records), ``draining`` (admissions answer 503 ``draining``), ``token`` (401 otherwise).
+``POST /jobs/{id}/recorded`` (fault route ``recorded``) notes the action in ``recorded``.
 """
 
 from __future__ import annotations
@@ -76,6 +77,8 @@ class FaultySidecar:
         self.admissions: dict[str, int] = defaultdict(int)
         """Admissions that created a record, per action id, over the double's whole life."""
         self.cancels: dict[str, int] = defaultdict(int)
+        self.recorded: set[str] = set()
+        """Terminal records the client marked recorded (``POST /jobs/{id}/recorded``)."""
         self.requests: list[tuple[str, str]] = []
         self.faults: dict[str, deque[Fault]] = defaultdict(deque)
         self.draining = False
@@ -98,6 +101,7 @@ class FaultySidecar:
         app.router.add_get("/jobs/{action_id}", self._get_job)
         app.router.add_get("/jobs/{action_id}/events", self._events)
         app.router.add_post("/jobs/{action_id}/cancel", self._cancel)
+        app.router.add_post("/jobs/{action_id}" + contract.RECORDED_SUFFIX, self._recorded)
         runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=0.1)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", self.port, reuse_address=True).start()
@@ -245,6 +249,23 @@ class FaultySidecar:
                                                     "message": "cancelled on request"},
                       uncertain=True)
         return self._json(200, job.record.to_wire())
+
+    async def _recorded(self, request: web.Request) -> web.Response:
+        fault = await self._fault("recorded", request)
+        if isinstance(fault, web.Response):
+            return fault
+        try:
+            _, action_id = contract.parse_recorded_request(await request.json(),
+                                                           request.match_info["action_id"])
+        except ContractError as exc:
+            return self._error(exc.status, exc.code, exc.message)
+        job = self.jobs.get(action_id)
+        if job is None:
+            return self._error(404, "unknown_job", "no such job")
+        if not job.record.terminal:
+            return self._error(409, "job_running", "the job is still running")
+        self.recorded.add(action_id)
+        return self._json(200, {"action_id": action_id, "recorded_at": _now()})
 
     async def _events(self, request: web.Request) -> web.StreamResponse:
         fault = await self._fault("events", request)
