@@ -8,12 +8,19 @@
 - Declarative crews file (``CREWFENCE_CREWS_FILE``): see :mod:`crewfence_sidecar.declarative`.
 
 ``build(crew_id)`` returns a new crew on every call; one Crew object never serves two jobs.
+
+A worker waiting for its job builds the next job's crews ahead (``PreparedCatalog``): the
+declarative ones, and the registry's unless a factory says ``crewfence_build_ahead = False``.
+A registry crew built ahead serves a job only within ``PREPARED_REGISTRY_MAX_AGE_S`` of its
+build (a factory is user code: what it read when it ran must not be old); older, it is
+dropped and the job's crew is built when the job comes.
 """
 
 from __future__ import annotations
 
 import importlib
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -26,6 +33,9 @@ from crewfence_sidecar.declarative import DefinitionError, load_crews_file
 from crewfence_sidecar.knowledge_storage import install as install_knowledge_storage
 
 MAX_CREW_ID_CHARS = 256
+PREPARED_REGISTRY_MAX_AGE_S = 30.0
+BUILD_AHEAD_ATTRIBUTE = "crewfence_build_ahead"
+"""Set to False on a registry factory that must run when its job comes, never ahead."""
 
 CrewFactory = Callable[[], Crew]
 
@@ -187,6 +197,13 @@ class CrewCatalog:
         """A crew built ahead of its job, handed out once; None when there is none."""
         return None
 
+    def ahead_ids(self) -> list[str]:
+        """The crews a waiting worker may build ahead of their job: every declarative crew,
+        and each registry crew whose factory does not opt out (``crewfence_build_ahead``)."""
+        return sorted(crew_id for crew_id, factory in self.factories.items()
+                      if crew_id in self.declarative
+                      or getattr(factory, BUILD_AHEAD_ATTRIBUTE, True) is not False)
+
 
 @dataclass(frozen=True)
 class PreparedCatalog(CrewCatalog):
@@ -194,15 +211,37 @@ class PreparedCatalog(CrewCatalog):
     waits): each prepared crew serves one job at most, then crews are built fresh."""
 
     prepared: dict[str, Crew] = field(default_factory=dict)
+    built_at: dict[str, float] = field(default_factory=dict)
+    """``time.monotonic()`` when each prepared crew was built."""
 
     @classmethod
     def prepare(cls, catalog: CrewCatalog, crew_ids: Iterable[str]) -> PreparedCatalog:
-        return cls(catalog.factories, catalog.declarative,
-                   {crew_id: catalog.build(crew_id) for crew_id in crew_ids})
+        """Build ``crew_ids`` ahead; one still unused from an earlier round (``catalog`` is
+        itself prepared) is kept with its first build time."""
+        earlier = dict(catalog.built_at) if isinstance(catalog, PreparedCatalog) else {}
+        prepared: dict[str, Crew] = {}
+        built_at: dict[str, float] = {}
+        for crew_id in crew_ids:
+            kept = catalog.take_prepared(crew_id)
+            if kept is not None:
+                prepared[crew_id], built_at[crew_id] = kept, earlier[crew_id]
+            else:
+                prepared[crew_id] = CrewCatalog.build(catalog, crew_id)
+                built_at[crew_id] = time.monotonic()
+        return cls(catalog.factories, catalog.declarative, prepared, built_at)
 
     def build(self, crew_id: str) -> Crew:
         crew = self.take_prepared(crew_id)
         return crew if crew is not None else super().build(crew_id)
 
     def take_prepared(self, crew_id: str) -> Crew | None:
-        return self.prepared.pop(crew_id, None)
+        """Invariant (a factory's crew is never old): a registry crew built more than
+        ``PREPARED_REGISTRY_MAX_AGE_S`` ago is dropped, not handed out; a declarative one
+        (no user code ran to build it) serves whenever its job comes."""
+        crew = self.prepared.pop(crew_id, None)
+        built = self.built_at.pop(crew_id, None)
+        if crew is None or crew_id in self.declarative:
+            return crew
+        if built is None or time.monotonic() - built > PREPARED_REGISTRY_MAX_AGE_S:
+            return None
+        return crew

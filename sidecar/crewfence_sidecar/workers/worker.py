@@ -130,11 +130,14 @@ MAX_PREPARED_CREWS = 4
 
 
 def _prepare(catalog: Any) -> Any:
-    """Build the declarative crews ahead of the job (a spare waits anyway); a registry crew
-    is built when its job comes, since its factory is user code whose timing may matter."""
+    """Build the next job's crews ahead (a spare waits anyway): the declarative ones and the
+    registry's that do not opt out; a registry crew serves only while it is young
+    (``PreparedCatalog.take_prepared``)."""
     from crewfence_sidecar.crews import PreparedCatalog
 
-    ids = sorted(catalog.declarative)
+    ids = catalog.ahead_ids()
+    if len(ids) > MAX_PREPARED_CREWS:
+        ids = sorted(catalog.declarative)
     if not ids or len(ids) > MAX_PREPARED_CREWS:
         return catalog
     try:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 from crewai import Crew
-from crewfence_sidecar import operations
+from crewfence_sidecar import crews, operations
 from crewfence_sidecar.crews import CatalogError, CrewCatalog, PreparedCatalog
 
 CREW_MODULE = """
@@ -191,3 +191,67 @@ async def test_a_job_takes_its_prepared_crew_without_a_thread_hop(
     assert hops == []
     built = await operations._build(prepared, "research")
     assert isinstance(built, Crew) and built is not ahead and len(hops) == 1
+
+
+def test_a_registry_crew_built_ahead_serves_only_while_young(
+        sample_catalog: CrewCatalog, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Invariant (a factory's crew is never old): a registry crew built ahead past
+    PREPARED_REGISTRY_MAX_AGE_S is dropped and the job's crew is built when it comes."""
+    now = [1000.0]
+    monkeypatch.setattr(crews.time, "monotonic", lambda: now[0])
+    prepared = PreparedCatalog.prepare(sample_catalog, ["research"])
+    ahead = prepared.prepared["research"]
+    now[0] += crews.PREPARED_REGISTRY_MAX_AGE_S + 0.001
+    assert prepared.take_prepared("research") is None
+    fresh = prepared.build("research")
+    assert isinstance(fresh, Crew) and fresh is not ahead
+
+
+def test_a_declarative_crew_built_ahead_serves_whenever_its_job_comes(
+        file_catalog: CrewCatalog, monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [1000.0]
+    monkeypatch.setattr(crews.time, "monotonic", lambda: now[0])
+    crew_id = sorted(file_catalog.declarative)[0]
+    prepared = PreparedCatalog.prepare(file_catalog, [crew_id])
+    ahead = prepared.prepared[crew_id]
+    now[0] += 3600
+    assert prepared.take_prepared(crew_id) is ahead
+
+
+def test_an_unused_prepared_crew_keeps_its_first_build_time(
+        sample_catalog: CrewCatalog, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker prepares again after each job; a crew it did not use is kept, and its age
+    counts from its own build, so re-preparing never makes an old crew look young."""
+    now = [1000.0]
+    monkeypatch.setattr(crews.time, "monotonic", lambda: now[0])
+    first = PreparedCatalog.prepare(sample_catalog, ["research"])
+    ahead = first.prepared["research"]
+    now[0] += 10
+    again = PreparedCatalog.prepare(first, ["research"])
+    assert again.prepared["research"] is ahead and again.built_at["research"] == 1000.0
+    now[0] += crews.PREPARED_REGISTRY_MAX_AGE_S
+    assert again.take_prepared("research") is None
+
+
+def test_a_factory_can_opt_out_of_being_built_ahead(sample_catalog: CrewCatalog) -> None:
+    research = sample_catalog.factories["research"]
+
+    def at_job_time() -> Crew:
+        return research()
+
+    at_job_time.crewfence_build_ahead = False  # type: ignore[attr-defined]
+    catalog = CrewCatalog({**sample_catalog.factories, "late": at_job_time})
+    assert "late" not in catalog.ahead_ids()
+    assert "research" in catalog.ahead_ids()
+
+
+def test_a_waiting_worker_builds_registry_crews_ahead(sample_catalog: CrewCatalog) -> None:
+    from crewfence_sidecar.workers.worker import MAX_PREPARED_CREWS, _prepare
+
+    ids = sample_catalog.ahead_ids()
+    prepared = _prepare(sample_catalog)
+    if len(ids) <= MAX_PREPARED_CREWS:
+        assert isinstance(prepared, PreparedCatalog)
+        assert sorted(prepared.prepared) == ids
+    else:
+        assert prepared is sample_catalog
