@@ -12,7 +12,9 @@ the counters of its labels move only by what it does.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -23,7 +25,7 @@ from crewfence_operator.runtime import RunnerSettings, Runtime
 from crewfence_operator.sidecar_client import Timeouts
 from crewfence_sidecar.contract import EventName, Status
 from fake_cluster import FakeCluster, crew_obj, crewjob_body, replica_entry
-from faulty_sidecar import FaultySidecar
+from faulty_sidecar import Fault, FaultySidecar
 
 FAST = RunnerSettings(
     machine=MachineSettings(retry_seconds=0.05, backoff_base_seconds=0.02,
@@ -177,3 +179,31 @@ async def test_a_finished_crewjob_seen_again_counts_nothing_more(
     assert len(cluster.patches) == patches  # nothing written either
     assert sidecar.admissions[f"{namespace}/job-1"] == 1
 
+
+async def test_a_driver_stopped_while_it_marks_the_record_has_counted_already(
+        sidecar: FaultySidecar) -> None:
+    """The terminal patch makes the CrewJob not live: kopf stops its daemon, which lets the
+    driver finish for 10 s and then cancels it (``crewjob_daemon``). The mark that follows the
+    patch (``POST /jobs/{id}/recorded``, best effort, read timeout 15 s) may be what it is
+    still waiting for on a stalled sidecar: the job is counted with its terminal write, before
+    the mark, or never (fails when the count follows the mark)."""
+    namespace = "usage-stalled-mark"
+    before = counters(namespace)
+    cluster = FakeCluster(crew=crew_obj(replica_entry(0, sidecar.address, "journal-0")))
+    sidecar.inject("recorded", Fault("stall"))
+    patient = replace(FAST, timeouts=replace(FAST.timeouts, read=30.0))
+    _, task = await start_a_job_with_calls_in_doubt(namespace, sidecar, cluster, patient)
+    for _ in range(1000):
+        if task.done() or any(p.endswith("/recorded") for _, p in sidecar.requests):
+            break
+        await asyncio.sleep(0.01)
+    assert not task.done(), "the mark did not stall"
+    task.cancel()  # what the daemon does 10 s after the terminal patch
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    sidecar.release()
+    status = cluster.statuses["job-1"]
+    assert status["phase"] == "Failed" and sidecar.recorded == set()
+    after = counters(namespace)
+    for name, (section, field) in COUNTERS.items():
+        assert after[name] - before[name] == status[section][field], name
