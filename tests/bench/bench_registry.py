@@ -3,8 +3,8 @@
 every custom image (a Crew's ``entrypoint``) hands its crews to the sidecar.
 
 The factory is user code as a new user would write it: it builds agent, task and crew on
-every call; the sidecar builds it when its job comes (never ahead), as it does for every
-registry crew.
+every call; a waiting worker calls it ahead of the next job, as it does for every registry
+factory that does not opt out (the crew serves within 30 s of its build).
 """
 
 from __future__ import annotations
