@@ -1217,7 +1217,9 @@ def summarize_effects(events: Iterable[JobEvent | dict[str, Any]]) -> EffectSumm
 
     A call is in doubt when its ``tool_call_started`` has no ``tool_call_finished`` with the
     same ``idempotency_key`` and the record ended ``failed``/``cancelled`` or uncertain (or
-    has no terminal event yet: the reader may hold a prefix of a crashed record).
+    has no terminal event yet: the reader may hold a prefix of a crashed record). Part of the
+    invariant "an in-doubt call is always listed" (stated, with its tests, at the operator's
+    ``crewjob/effects.py::with_effects``).
     """
     tasks_completed = tasks_total = model_calls = tool_calls = 0
     prompt_tokens = completion_tokens = 0

@@ -74,7 +74,26 @@ def usage_status(summary: EffectSummary) -> dict[str, Any]:
 
 def with_effects(verdict: Verdict, summary: EffectSummary | None,
                  *, partial: bool = False) -> Verdict:
-    """The verdict, its message naming the tool calls in doubt when that matters."""
+    """The verdict, its message naming the tool calls in doubt when that matters.
+
+    Invariant: an in-doubt call is always listed. A tool call whose ``tool_call_started`` has
+    no ``tool_call_finished``, in a record that did not complete cleanly (or has no terminal
+    event yet), is in the CrewJob's terminal patch: named in this message and in
+    ``status.effects.inDoubt`` (both show at most ``MAX_STATUS_IN_DOUBT``; the message adds
+    "and N more") and counted in ``inDoubtCount``; an uncertain verdict without one says "no
+    tool call was in flight". Kept here with ``contract.summarize_effects`` (which calls are
+    in doubt) and machine I7 (a summary only from the record's events from sequence 0 without
+    a gap, read again when the followed stream did not cover them). The one exception: after
+    ``MAX_READS`` failed reads there is no summary, and the message says the tool calls are
+    unknown (``UNREAD``), never that none was in flight. Tests that fail without it:
+    ``tests/unit/operator_crewjob/test_effects.py::``
+    ``test_killed_mid_call_names_exactly_the_call_in_flight``,
+    ``::test_events_the_stream_did_not_cover_are_read_again_from_zero_before_finishing``,
+    ``::test_status_lists_at_most_ten_calls_but_counts_all``,
+    ``::test_unreadable_events_are_retried_then_the_verdict_says_tool_calls_are_unknown``
+    (the exception) and ``tests/unit/sidecar/test_effects_summary.py::``
+    ``test_a_record_without_a_terminal_event_keeps_its_open_calls_in_doubt``.
+    """
     if summary is None:
         if not verdict.uncertain:
             return verdict

@@ -40,7 +40,8 @@ I7  A terminal record's ``status.effects`` / ``status.usage`` come only from eve
     followed when it covered the record, else one :class:`ReadEffects` from 0, before the one
     terminal patch (no extra API write). An uncertain verdict names the tool calls in doubt or
     says none was in flight; after ``effects.MAX_READS`` failed reads it says they are unknown
-    (``tests/unit/operator_crewjob/test_effects.py``).
+    (``tests/unit/operator_crewjob/test_effects.py``). Its part of "an in-doubt call is always
+    listed" (the invariant and its tests: ``effects.with_effects``).
 
 I8  Retention never races the operator: a finished record is marked recorded on its replica
     only after the terminal patch (its outcome and output) was written (:attr:`Finish.mark_on`);

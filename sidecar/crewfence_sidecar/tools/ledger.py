@@ -17,13 +17,20 @@ Installed once per process (:func:`install`); a job binds its :class:`JobLedger`
 
 Invariants:
 
-- Write-ahead: a tool runs only after its ``tool_call_started`` was committed durably by the
-  journal's one writer (the sink returns True only then). When it cannot be (journal full,
-  persist failure, channel gone), the hook aborts the call (``HookAborted``: crewai does not
-  run the tool), the ledger is ``refused``, every later model or tool call of the job is
-  aborted too, and the job fails certain (:class:`EffectNotJournaled`). An error of the
-  ledger's own before the start is journaled refuses the call the same way (fail closed:
-  crewai runs a tool whose pre-tool hook raised anything but ``HookAborted``).
+- Write-ahead (a tool never runs before its start is durable; kept by
+  :meth:`JobLedger.tool_started`): a tool runs only after its ``tool_call_started`` was
+  committed durably by the journal's one writer (the sink returns True only then). When it
+  cannot be (journal full, persist failure, channel gone), the hook aborts the call
+  (``HookAborted``: crewai does not run the tool), the ledger is ``refused``, every later
+  model or tool call of the job is aborted too, and the job fails certain
+  (:class:`EffectNotJournaled`). An error of the ledger's own before the start is journaled
+  refuses the call the same way (fail closed: crewai runs a tool whose pre-tool hook raised
+  anything but ``HookAborted``). Tests: ``tests/component/sidecar/test_tool_ledger.py::``
+  ``test_a_tool_never_runs_before_its_start_is_durable``,
+  ``::test_a_sidecar_killed_by_the_tool_body_already_holds_its_start`` (a real SIGKILL from
+  the tool's body), ``tests/component/crewai/test_tools.py::``
+  ``test_in_process_a_tool_whose_start_cannot_be_journaled_never_runs``,
+  ``::test_in_process_a_ledger_error_before_the_start_refuses_the_call``.
 - One commit per tool call start: the ``model_call`` that ended at the call's start (the
   model chose the tool) is handed to the sink as the start's ``preceding`` and journaled in
   the same durable transaction, never in one of its own on the path the tool waits for.
