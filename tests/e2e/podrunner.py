@@ -76,6 +76,10 @@ class Options:
     offline_llm_ledger: Path | None = None
     """Given to every container as ``CREWFENCE_OFFLINE_LLM_LEDGER`` (the offline LLM appends
     one line per call there): model calls counted outside every pod's state folder."""
+    image_env: tuple[tuple[str, str], ...] = ()
+    """The "image's" own environment (a Dockerfile's ``ENV``): given to every container as
+    is (host paths, never rewritten) unless the Pod sets the same name. A ``PYTHONPATH``
+    comes after the runner's own (see ``_launch``)."""
     volume_sync_seconds: float = 2.0
     """How often mounted Secret/ConfigMap content is synced, as the kubelet does (its sync
     period plus cache TTL is about a minute; shorter here so tests wait less)."""
@@ -326,10 +330,15 @@ class PodWorker:
         env = {k: rewrite(v, mounts) for k, v in env.items()}
         env.setdefault("HOME", str(rootfs))
         env["PATH"] = f"{VENV_BIN}:{env['PATH']}" if "PATH" in env else BASE_PATH
-        if os.environ.get("PYTHONPATH"):
-            # The "image" is this checkout: a second work tree sharing one virtualenv puts its
-            # own sources first with PYTHONPATH, and its containers must run them too.
-            env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+        for name, value in self.runner.opts.image_env:
+            env.setdefault(name, value)  # the Pod's own value wins, as over an image's ENV
+        # The "image" is this checkout: a second work tree sharing one virtualenv puts its
+        # own sources first with PYTHONPATH, and its containers must run them too (before
+        # the image's or the Pod's own PYTHONPATH, e.g. tests/support for the tools a Crew
+        # names).
+        python_path = [p for p in (os.environ.get("PYTHONPATH"), env.get("PYTHONPATH")) if p]
+        if python_path:
+            env["PYTHONPATH"] = os.pathsep.join(python_path)
         if self.runner.opts.offline_llm_ledger is not None:
             env["CREWFENCE_OFFLINE_LLM_LEDGER"] = str(self.runner.opts.offline_llm_ledger)
         argv = [expand(a, env) for a in (spec.get("command") or []) + (spec.get("args") or [])]
@@ -952,6 +961,13 @@ async def amain(opts: Options) -> None:
     main.cancel()
 
 
+def _name_value(item: str) -> tuple[str, str]:
+    name, sep, value = item.partition("=")
+    if not name or not sep:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {item!r}")
+    return name, value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="test-only kubelet stand-in")
     parser.add_argument("--kubeconfig", type=Path, required=True)
@@ -964,6 +980,9 @@ def main() -> None:
     parser.add_argument("--serving-key", type=Path)
     parser.add_argument("--offline-llm-ledger", type=Path,
                         help="containers append offline LLM calls to this file")
+    parser.add_argument("--image-env", action="append", default=[], metavar="NAME=VALUE",
+                        type=_name_value,
+                        help="the image's environment, given to every container (repeatable)")
     args = parser.parse_args()
     opts = Options(
         kubeconfig=args.kubeconfig,
@@ -975,6 +994,7 @@ def main() -> None:
         serving_cert=args.serving_cert,
         serving_key=args.serving_key,
         offline_llm_ledger=args.offline_llm_ledger,
+        image_env=tuple(args.image_env),
     )
     asyncio.run(amain(opts))
     log("stopped")

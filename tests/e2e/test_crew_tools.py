@@ -1,8 +1,10 @@
 """spec.tools on the real control plane: the API server refuses an agent naming an undefined
 tool (the CRD's CEL rule), the operator renders tools into the crews file with the header
-Secret mounted as read-only files, ToolsReady names unreachable MCP servers, and (once the
-sidecar half is merged) a killed sidecar leaves exactly the in-flight call in
-status.effects.inDoubt."""
+Secret mounted as read-only files, ToolsReady names unreachable MCP servers, a killed sidecar
+leaves exactly the in-flight call in status.effects.inDoubt, and a Python tool from the
+sidecar's image (``ledger_tools:lookup``: tests/support is on every container's PYTHONPATH)
+runs once with the key its journaled start carries, called by the offline LLM's marker and
+by a hosted model's native tool call (the loopback OpenAI fixture as ``spec.llm.baseUrl``)."""
 
 from __future__ import annotations
 
@@ -33,7 +35,11 @@ from crewjob_support import (
     wait_for,
     wait_phase,
 )
+from harness import controlplane
 from harness.handles import Cluster, Operator, PodRunner
+
+sys.path.insert(0, str(REPO / "tests" / "support"))
+from openai_fixture import OpenAIFixture
 
 HEADER_VALUE = "Bearer e2e-header-value-not-to-leak"
 HEADERS_DIR = "/etc/crewfence/tool-headers"
@@ -201,29 +207,106 @@ def test_tools_ready_names_the_unreachable_server(
 
 
 # --- status.effects on every terminal CrewJob -----------------------------------------------------
+def python_tool_calls(cluster: Cluster, term: str) -> list[dict[str, Any]]:
+    """What ``ledger_tools:lookup`` recorded for ``term`` (tests/support is on every
+    container's PYTHONPATH; the ledger file is the pod runner's, shared by the session)."""
+    return [line for line in ledger_lines(controlplane.python_tool_ledger(cluster.info))
+            if line.get("tool") == "lookup" and line.get("term") == term]
+
+
 def test_a_finished_job_and_its_exact_repeat_both_carry_effects(
         cluster: Cluster, operator_process: Operator, namespace: str) -> None:
-    """The first run's effects come from the followed stream; the exact repeat (deleted and
-    re-applied: the operator finds the terminal record on a probe and never followed it)
-    reads the record's events from 0 (``ReadEffects``): both write the same summary."""
-    plain = crew("plain", {}, [], description="Say hello.")
-    plain["spec"]["agents"]["clerk"].pop("tools")
-    assert apply_obj(cluster, plain, namespace).returncode == 0
-    wait_crew_ready(cluster, namespace, "plain", 1)
-    job = crewjob_manifest("hello", "run", {}, crew="plain")
+    """A Python tool in the sidecar's image (``ledger_tools:lookup``) called once through the
+    offline LLM's marker: journaled write-ahead with the key the tool got. The first run's
+    effects come from the followed stream; the exact repeat (deleted and re-applied: the
+    operator finds the terminal record on a probe and never followed it) reads the record's
+    events from 0 (``ReadEffects``): both write the same summary, and the tool ran once."""
+    glossary = {"python": [{"name": "lookup", "ref": "ledger_tools:lookup"}]}
+    marker = f'[[tool:lookup {{"term": "{namespace}"}}]]'
+    assert apply_obj(cluster, crew("glossary", glossary, ["lookup"],
+                                   description=f"{marker} Say hello."),
+                     namespace).returncode == 0
+    wait_crew_ready(cluster, namespace, "glossary", 1)
+    job = crewjob_manifest("hello", "run", {}, crew="glossary")
     assert apply_obj(cluster, job, namespace).returncode == 0
     first = wait_phase(cluster, namespace, "hello", timeout=240)["status"]
     assert first["phase"] == "Succeeded", first
     assert first["effects"]["inDoubt"] == [] and first["effects"]["inDoubtCount"] == 0
     assert set(first["usage"]) == {"promptTokens", "completionTokens", "modelCalls",
                                    "toolCalls"}
+    assert first["effects"]["toolCalls"] == first["usage"]["toolCalls"] == 1, first
+    assert first["usage"]["modelCalls"] == 2, first  # the tool call, then the answer
     assert "tool call" not in first["message"]
+
+    events = job_events(cluster, namespace, "glossary", first["actionId"])
+    started = [e["data"] for e in events if e["event"] == "tool_call_started"]
+    finished = [e["data"] for e in events if e["event"] == "tool_call_finished"]
+    assert [s["tool"] for s in started] == ["lookup"] and len(finished) == 1, events
+    key = started[0]["idempotency_key"]
+    assert key.startswith("cfk1-") and finished[0]["idempotency_key"] == key
+    assert finished[0]["error"] is None
+    (ran,) = python_tool_calls(cluster, namespace)
+    assert ran["key"] == key, "the tool ran with the key its start was journaled with"
 
     cluster.kubectl("delete", "crewjob", "hello", "-n", namespace, check=True)
     assert apply_obj(cluster, job, namespace).returncode == 0
     again = wait_phase(cluster, namespace, "hello", timeout=240)["status"]
     assert again["phase"] == "Succeeded" and again["startedAt"] == first["startedAt"]
     assert again["effects"] == first["effects"] and again["usage"] == first["usage"]
+    assert python_tool_calls(cluster, namespace) == [ran]  # the repeat ran nothing
+
+
+# --- a hosted model: native tool calling --------------------------------------------------------
+@pytest.fixture
+def openai_server() -> Iterator[OpenAIFixture]:
+    server = OpenAIFixture().start()
+    yield server
+    server.stop()
+
+
+def test_a_hosted_model_calls_a_python_tool_natively(
+        cluster: Cluster, operator_process: Operator, namespace: str,
+        openai_server: OpenAIFixture) -> None:
+    """``spec.llm`` names an OpenAI model at a base URL (the loopback fixture of
+    tests/support/openai_fixture.py, started here) with its key from a Secret: the model asks
+    for ``lookup`` with a native ``tool_calls`` answer, crewai runs the image's Python tool
+    through the ledger, and the model answers once the tool's result is in its messages."""
+    cluster.apply({"apiVersion": "v1", "kind": "Secret",
+                   "metadata": {"name": "llm-key", "namespace": namespace},
+                   "stringData": {"api-key": "sk-fixture-e2e"}})
+    glossary = {"python": [{"name": "lookup", "ref": "ledger_tools:lookup"}]}
+    hosted = crew("hosted", glossary, ["lookup"], description="Handle: {request}")
+    hosted["spec"]["llm"] = {"model": "openai/gpt-4o-mini", "baseUrl": openai_server.base_url,
+                             "apiKeySecretRef": {"name": "llm-key"}}
+    assert apply_obj(cluster, hosted, namespace).returncode == 0
+    wait_crew_ready(cluster, namespace, "hosted", 1)
+    term = f"hosted-{namespace}"
+    job = crewjob_manifest("hosted", "run",
+                           {"request": f'find [[tool:lookup {{"term": "{term}"}}]] please'},
+                           crew="hosted")
+    assert apply_obj(cluster, job, namespace).returncode == 0
+    status = wait_phase(cluster, namespace, "hosted", timeout=240)["status"]
+    assert status["phase"] == "Succeeded", status
+    assert status["effects"]["toolCalls"] == status["usage"]["toolCalls"] == 1, status
+    assert status["usage"]["modelCalls"] >= 2, status
+    assert status["effects"]["inDoubt"] == [], status
+
+    # The model asked for the tool natively, then answered after its result; with the key.
+    seen = [r for r in openai_server.snapshot() if term in r.user_texts]
+    assert [len(r.tool_calls) for r in seen] == [1, 0], seen
+    assert seen[0].tools == ["lookup"] and seen[0].tool_calls[0]["name"] == "lookup"
+    assert seen[1].tool_results == 1
+    assert {r.api_key for r in seen} == {"sk-fixture-e2e"}
+    events = job_events(cluster, namespace, "hosted", status["actionId"])
+    started = [e["data"] for e in events if e["event"] == "tool_call_started"]
+    finished = [e["data"] for e in events if e["event"] == "tool_call_finished"]
+    assert [s["tool"] for s in started] == ["lookup"] and len(finished) == 1, events
+    assert finished[0]["idempotency_key"] == started[0]["idempotency_key"]
+    (ran,) = python_tool_calls(cluster, term)
+    assert ran["key"] == started[0]["idempotency_key"]
+    models = [e["data"] for e in events if e["event"] == "model_call"]
+    assert [m["request_id"] for m in models] == [r.response_id for r in seen]
+    assert status["usage"]["modelCalls"] == len(seen)
 
 
 # --- the whole story: a killed sidecar and the call it left in doubt ------------------------------

@@ -244,6 +244,17 @@ def offline_llm_ledger(info: ClusterInfo) -> Path:
     return Path(info.state_dir) / "offline-llm-ledger.jsonl"
 
 
+def python_tool_ledger(info: ClusterInfo) -> Path:
+    """The file the Python tools of ``tests/support/ledger_tools.py`` append their calls to,
+    with the idempotency key each got (``CREWFENCE_TEST_TOOL_LEDGER`` in every container)."""
+    return Path(info.state_dir) / "test-tool-ledger.jsonl"
+
+
+TEST_TOOLS_DIR = REPO / "tests" / "support"
+"""On every container's PYTHONPATH, as if baked into the image: a Crew's
+``spec.tools.python`` may name ``ledger_tools:lookup``."""
+
+
 def start_pod_runner(info: ClusterInfo) -> None:
     state_dir = Path(info.state_dir)
     _start(
@@ -259,6 +270,8 @@ def start_pod_runner(info: ClusterInfo) -> None:
             f"--serving-cert={state_dir / 'pki' / 'kubelet.crt'}",
             f"--serving-key={state_dir / 'pki' / 'kubelet.key'}",
             f"--offline-llm-ledger={offline_llm_ledger(info)}",
+            f"--image-env=PYTHONPATH={TEST_TOOLS_DIR}",
+            f"--image-env=CREWFENCE_TEST_TOOL_LEDGER={python_tool_ledger(info)}",
         ],
     )
     ready = state_dir / "podrunner" / "ready"
