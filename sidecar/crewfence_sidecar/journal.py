@@ -667,6 +667,14 @@ class Journal:
         record = self.records[action_id]
         return self.limits.max_events_per_run - 1 - record.event_count
 
+    def room_for_chunks(self, action_id: str) -> int:
+        """``chunk`` events that still fit: chunks take at most the first half of a run's
+        events. Invariant (chunks never starve the ledger): however long a model streams,
+        the other half stays for the effect ledger, so a tool call's start is refused for
+        lack of room only after the run's own effects filled it, never a model's text."""
+        record = self.records[action_id]
+        return self.limits.max_events_per_run // 2 - record.event_count
+
     def _encode_event(self, name: str, data: dict[str, Any], *, too_large: str) -> str:
         """The event body as stored; JournalFull (``too_large``) when name and body are over
         CREWFENCE_MAX_EVENT_BYTES, or when the disk has no room for it."""

@@ -586,6 +586,9 @@ class Runtime:
         record = self.journal.get(action_id)
         if job is None or record is None or record.terminal:
             return
+        if self.journal.room_for_chunks(action_id) < 1:
+            job.dropped_chunks += 1  # the rest of the run's events stay for its effects
+            return
         try:
             self.journal.append_event(action_id, EventName.CHUNK.value, data)
         except (JournalFull, PersistError, TypeError, ValueError):

@@ -169,3 +169,42 @@ async def test_a_start_whose_batch_does_not_fit_journals_none_of_it(
     _, executor = await _run(journal, work)
     assert executor.verdicts == [False]
     assert [e.event for e in journal.events("a")] == ["started", "completed"]
+
+
+class ChattyExecutor(EffectExecutor):
+    """Streams ``chunks`` chunks (as a hosted model streams a long answer, a token each)
+    before ``work`` reports its effects."""
+
+    def __init__(self, work: Work, chunks: int) -> None:
+        super().__init__(work)
+        self.chunks = chunks
+
+    async def __call__(self, ctx: JobContext) -> Any:
+        for n in range(self.chunks):
+            ctx.emit_chunk({"content": f"token {n} ", "chunk_type": "text",
+                            "agent_role": "Clerk"})
+        return await super().__call__(ctx)
+
+
+async def test_a_long_stream_of_chunks_never_takes_the_room_a_tool_calls_start_needs(
+        journal_factory: Callable[[int], Journal]) -> None:
+    """Invariant (chunks never starve the ledger): chunks take at most the first half of a
+    run's events; a model that streams far more than the whole bound still leaves the tool
+    call's durable start (and its finish) room, and the dropped chunks are counted."""
+    journal = journal_factory(10)
+
+    def work(record: Callable[[str, dict[str, Any], bool], bool]) -> list[bool]:
+        return [record("model_call", {}, False), record("tool_call_started", {}, True),
+                record("tool_call_finished", {}, False)]
+
+    executor = ChattyExecutor(work, chunks=50)
+    runtime = Runtime(journal, Crews(), RuntimeSettings(allowed_operations=frozenset(
+        {Operation.RUN})), executor, SidecarMetrics())
+    await runtime.admit(StartRequest("crew", "a", Operation.RUN, {}), "k")
+    assert await runtime.wait_terminal("a", 10)
+    assert executor.verdicts == [True, True, True]  # the tool ran after a durable start
+    events = journal.events("a")
+    names = [e.event for e in events]
+    assert names.count("chunk") == 5 - 1  # half of 10, `started` included
+    assert names[-4:] == ["model_call", "tool_call_started", "tool_call_finished", "completed"]
+    assert events[-1].data["dropped_chunks"] == 50 - 4
