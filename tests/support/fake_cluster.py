@@ -11,8 +11,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from crewfence_operator.crewjob.machine import MachineSettings
 from crewfence_operator.crewjob.output import ConfigMapFit, configmap_fit
 from crewfence_operator.handlers.crewjob import merge_status
+from crewfence_operator.runtime import RunnerSettings
+from crewfence_operator.sidecar_client import Timeouts
+
+FAST_RUNNER = RunnerSettings(
+    machine=MachineSettings(retry_seconds=0.05, backoff_base_seconds=0.02,
+                            backoff_cap_seconds=0.2, poll_seconds=0.05, settle_seconds=0.6,
+                            gone_grace_seconds=0.3, deletion_wait_seconds=3.0,
+                            full_retry_seconds=1.0),
+    progress_seconds=0.0, idle_follow_seconds=0.02,
+    timeouts=Timeouts(connect=0.5, read=0.5, follow_idle=2.0))
+"""The driver's timings shrunk for tests against in-memory clusters and fake sidecars."""
 
 
 @dataclass

@@ -19,21 +19,13 @@ from typing import Any
 
 import pytest
 from crewfence_operator import metrics
-from crewfence_operator.crewjob.machine import MachineSettings
 from crewfence_operator.handlers.crewjob import JobDriver, is_live
 from crewfence_operator.runtime import RunnerSettings, Runtime
-from crewfence_operator.sidecar_client import Timeouts
 from crewfence_sidecar.contract import EventName, Status
-from fake_cluster import FakeCluster, crew_obj, crewjob_body, replica_entry
+from fake_cluster import FAST_RUNNER, FakeCluster, crew_obj, crewjob_body, replica_entry
 from faulty_sidecar import Fault, FaultySidecar
 
-FAST = RunnerSettings(
-    machine=MachineSettings(retry_seconds=0.05, backoff_base_seconds=0.02,
-                            backoff_cap_seconds=0.2, poll_seconds=0.05, settle_seconds=0.6,
-                            gone_grace_seconds=0.3, deletion_wait_seconds=3.0,
-                            full_retry_seconds=1.0),
-    progress_seconds=0.0, idle_follow_seconds=0.02,
-    timeouts=Timeouts(connect=0.5, read=0.5, follow_idle=2.0))
+FAST = FAST_RUNNER
 CREW = "research"  # crew_obj's and crewjob_body's Crew
 COUNTERS = {  # counter -> the status field it must grow by
     "crewfence_operator_prompt_tokens_total": ("usage", "promptTokens"),
