@@ -97,3 +97,11 @@ def test_flux_doc_has_health_check_exprs_for_both_kinds() -> None:
     assert "healthCheckExprs" in text
     assert re.search(r"kind: CrewJob", text) and re.search(r"kind: Crew\n", text)
     assert "Reconciling" in text and "Stalled" in text
+
+
+def test_the_tools_doc_shows_the_example_manifest_as_it_is() -> None:
+    """docs/tools.md's complete example is examples/crew-tools.yaml itself (the e2e tests and
+    kubectl apply the file; the page must not drift from it)."""
+    doc = (REPO / "docs" / "tools.md").read_text(encoding="utf-8")
+    example = (REPO / "examples" / "crew-tools.yaml").read_text(encoding="utf-8")
+    assert f"```yaml\n{example}```\n" in doc
