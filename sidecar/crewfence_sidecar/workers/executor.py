@@ -180,6 +180,8 @@ class WorkerExecutor:
         self.max_rss_bytes = max_rss_bytes
         self.stats = WorkerStats([])
         self._spares: deque[WorkerHandle] = deque()
+        self._returning = 0
+        """Workers between their job's outcome and ``idle``: in the pool again in a moment."""
 
     @property
     def spare_pids(self) -> list[int]:
@@ -245,8 +247,12 @@ class WorkerExecutor:
     async def _attempt(self, ctx: JobContext) -> Any:
         handle = self._take_worker()
         progress = _Progress()
-        if not self._spares:
-            self._refill()  # run dry: a burst must not find the pool empty twice
+        if not self._spares and not self._returning:
+            # Run dry: a burst must not find the pool empty twice. Not while a worker is on
+            # its way back: jobs sent back to back would each fork a spare whose fork and
+            # warm-up kickoff compete with the job just started, for a worker the pool is
+            # about to get back anyway (the end of every job refills what is still missing).
+            self._refill()
         idle = False
         exit_status: ExitStatus | None = None
         try:
@@ -271,18 +277,11 @@ class WorkerExecutor:
                 elif outcome["type"] == "unserialisable":
                     ctx.on_output(_NotSerialisable())
             if outcome is not None and may_reuse:
-                if ctx.answered is not None:
-                    await ctx.answered()
-                handle.send({"type": "recorded"})  # the worker's after-job work may start
-                idle_cpu = await self._await_idle(handle)
-                if idle_cpu is not None:
-                    self.stats.job_cpu_seconds.append(
-                        max(0.0, idle_cpu - handle.cpu_seconds_before))
-                    handle.cpu_seconds_before = idle_cpu
-                    handle.jobs_done += 1
-                    idle = self._put_back(handle)
-                    if not idle:  # the sidecar is losing its template: it exits
-                        handle.close()
+                self._returning += 1
+                try:
+                    idle = await self._return(handle, ctx)
+                finally:
+                    self._returning -= 1
             if not idle:
                 exit_status = await asyncio.shield(handle.exited)
                 if exit_status.cpu_seconds is not None:
@@ -301,6 +300,24 @@ class WorkerExecutor:
         if exit_status is None:  # idle again: the job ended with its outcome
             exit_status = ExitStatus(exit_code=0)
         return self._conclude(outcome, exit_status, progress)
+
+    async def _return(self, handle: WorkerHandle, ctx: JobContext) -> bool:
+        """A reusable worker's way back after its outcome: once the job's answers are
+        written it is told ``recorded``, checks itself and reports ``idle``; True when it is
+        in the pool again."""
+        if ctx.answered is not None:
+            await ctx.answered()
+        handle.send({"type": "recorded"})  # the worker's after-job work may start
+        idle_cpu = await self._await_idle(handle)
+        if idle_cpu is None:
+            return False
+        self.stats.job_cpu_seconds.append(max(0.0, idle_cpu - handle.cpu_seconds_before))
+        handle.cpu_seconds_before = idle_cpu
+        handle.jobs_done += 1
+        if self._put_back(handle):
+            return True
+        handle.close()  # the sidecar is losing its template: it exits
+        return False
 
     async def _await_idle(self, handle: WorkerHandle) -> float | None:
         """After the outcome: the worker's CPU seconds when it reported ``idle`` (it may take

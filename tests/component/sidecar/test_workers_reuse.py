@@ -366,3 +366,49 @@ async def test_a_burst_leaves_its_workers_warm_for_the_next_burst(
     second = {_pid(worker_template, f"second-{k}") for k in range(4)}
     assert second == first, c.executor.stats.not_reused
     assert c.executor.stats.reused_jobs >= 4
+
+
+async def test_a_job_sent_while_a_worker_is_on_its_way_back_forks_no_spare(
+        worker_template: Template) -> None:
+    """Back to back, the next job often comes while the last job's worker is still on its way
+    back to the pool (its answer written, its checks not yet done): that job takes the spare,
+    and no new spare is forked beside it (its fork and warm-up kickoff would compete with the
+    job for the CPU) while the returning worker is about to refill the pool."""
+    import asyncio
+
+    from crewfence_sidecar.runtime import JobContext
+    from crewfence_sidecar.workers.executor import WorkerExecutor
+
+    supervisor = worker_template.supervisor
+    supervisor.attach()
+    executor = WorkerExecutor(supervisor, max_live=4, spares=1, max_jobs=5)
+    first_answered = asyncio.Event()
+    outputs: list[Any] = []
+
+    def no_chunks(data: dict[str, Any]) -> None:
+        return None
+
+    def job(action_id: str, answered: Any = None) -> JobContext:
+        return JobContext(crew_id="tagged", action_id=action_id, operation="run",
+                          input={"topic": f"TAG-{action_id}"}, training_dir=None,
+                          emit_chunk=no_chunks, on_output=outputs.append, answered=answered)
+
+    try:
+        executor.prime()
+        await until(lambda: executor.spare_pids, "the first spare")
+        first = asyncio.ensure_future(executor(job("back-1", first_answered.wait)))
+        # the first job took the spare and ran the pool dry: one spare is forked for a burst
+        await until(lambda: len(outputs) == 1, "the first job's result")
+        await until(lambda: executor.spare_pids, "the spare forked when the pool ran dry")
+        assert supervisor.live_workers == 2
+        # the first job's worker is on its way back (its answer is not written yet)
+        await asyncio.wait_for(executor(job("back-2")), 60)
+        assert supervisor.live_workers == 2  # no third worker was forked beside the job
+        first_answered.set()
+        await asyncio.wait_for(first, 30)
+        assert len(executor.spare_pids) == 2  # both workers idle in the pool
+        assert supervisor.live_workers == 2
+    finally:
+        first_answered.set()
+        await executor.close()
+        await supervisor.detach()
