@@ -183,13 +183,25 @@ async def test_a_reusable_worker_waits_for_recorded_before_its_after_job_work(
         await supervisor.detach()
 
 
+def _tagged_job(action_id: str, outputs: list[Any], answered: Any = None) -> Any:
+    """A ``tagged`` job for the executor itself: its output is appended to ``outputs``, and
+    ``answered`` (when given) holds its worker until it returns."""
+    from crewfence_sidecar.runtime import JobContext
+
+    def no_chunks(data: dict[str, Any]) -> None:
+        return None
+
+    return JobContext(crew_id="tagged", action_id=action_id, operation="run",
+                      input={"topic": f"TAG-{action_id}"}, training_dir=None,
+                      emit_chunk=no_chunks, on_output=outputs.append, answered=answered)
+
+
 async def test_recorded_is_sent_only_after_the_blocking_answers_were_written(
         worker_template: Template) -> None:
     """The executor lets a reused worker start its after-job work only after
     ``JobContext.answered`` returned (the job's blocking answers were written)."""
     import asyncio
 
-    from crewfence_sidecar.runtime import JobContext
     from crewfence_sidecar.workers.executor import WorkerExecutor
 
     supervisor = worker_template.supervisor
@@ -197,14 +209,7 @@ async def test_recorded_is_sent_only_after_the_blocking_answers_were_written(
     executor = WorkerExecutor(supervisor, max_live=2, spares=0, max_jobs=3)
     answer_written = asyncio.Event()
     outputs: list[Any] = []
-
-    def no_chunks(data: dict[str, Any]) -> None:
-        return None
-
-    ctx = JobContext(crew_id="tagged", action_id="answered-1", operation="run",
-                     input={"topic": "TAG-answered-1"}, training_dir=None,
-                     emit_chunk=no_chunks, on_output=outputs.append,
-                     answered=answer_written.wait)
+    ctx = _tagged_job("answered-1", outputs, answer_written.wait)
     try:
         job = asyncio.ensure_future(executor(ctx))
         await until(lambda: outputs, "the result to be handed over")
@@ -376,7 +381,6 @@ async def test_a_job_sent_while_a_worker_is_on_its_way_back_forks_no_spare(
     job for the CPU) while the returning worker is about to refill the pool."""
     import asyncio
 
-    from crewfence_sidecar.runtime import JobContext
     from crewfence_sidecar.workers.executor import WorkerExecutor
 
     supervisor = worker_template.supervisor
@@ -385,24 +389,17 @@ async def test_a_job_sent_while_a_worker_is_on_its_way_back_forks_no_spare(
     first_answered = asyncio.Event()
     outputs: list[Any] = []
 
-    def no_chunks(data: dict[str, Any]) -> None:
-        return None
-
-    def job(action_id: str, answered: Any = None) -> JobContext:
-        return JobContext(crew_id="tagged", action_id=action_id, operation="run",
-                          input={"topic": f"TAG-{action_id}"}, training_dir=None,
-                          emit_chunk=no_chunks, on_output=outputs.append, answered=answered)
-
     try:
         executor.prime()
         await until(lambda: executor.spare_pids, "the first spare")
-        first = asyncio.ensure_future(executor(job("back-1", first_answered.wait)))
+        first = asyncio.ensure_future(executor(_tagged_job("back-1", outputs,
+                                                            first_answered.wait)))
         # the first job took the spare and ran the pool dry: one spare is forked for a burst
         await until(lambda: len(outputs) == 1, "the first job's result")
         await until(lambda: executor.spare_pids, "the spare forked when the pool ran dry")
         assert supervisor.live_workers == 2
         # the first job's worker is on its way back (its answer is not written yet)
-        await asyncio.wait_for(executor(job("back-2")), 60)
+        await asyncio.wait_for(executor(_tagged_job("back-2", outputs)), 60)
         assert supervisor.live_workers == 2  # no third worker was forked beside the job
         first_answered.set()
         await asyncio.wait_for(first, 30)
