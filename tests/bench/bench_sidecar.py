@@ -16,6 +16,13 @@ Prints a table of:
   once the measured processes are quiet, ``await_quiet``), back to back (no pause) and 4 at
   once; each bar is the ratio of the pooled p50s (one interpreter's own speed varies by a
   fifth between processes, see ``inprocess_runner``), each pair's ratio is printed too;
+- for the quiet and back-to-back modes, the lowest ratio the run's own parts allow (the
+  run's *floor*): the in-process run plus what no blocking run through the sidecar can skip,
+  each measured in the same pair and mode: one request and answer on the same kept-alive
+  mutual-TLS connection (an exact repeat of a finished run: the sidecar answers it from the
+  journal, no commit, no worker), two durable commits (admission and outcome: two raw
+  append + fsync in the state directory's filesystem) and one round trip to another process
+  (the job's hand-off to its worker and the result frame back: a socketpair echo);
 - restore time and RSS of a sidecar whose journal holds 10,000 records of 20 events each;
 - worker start: fork (in the template) to the first instruction of the job in the worker,
   p50/p99 over forks of the real template process;
@@ -35,6 +42,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import sqlite3
 import statistics
 import subprocess
@@ -42,6 +50,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -198,18 +207,51 @@ def build_journal(path: Path, records: int, events_per_record: int, running: int
 def bench_fsync(directory: Path, n: int) -> list[float]:
     path = directory / "fsync-probe"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    payload = b"x" * 256
-    out = []
     try:
-        for _ in range(n):
-            t = time.perf_counter()
-            os.write(fd, payload)
-            os.fsync(fd)
-            out.append(time.perf_counter() - t)
+        return [one_fsync(fd) for _ in range(n)]
     finally:
         os.close(fd)
         path.unlink()
-    return out
+
+
+def one_fsync(fd: int) -> float:
+    """One 256 B append + fsync on ``fd``: its seconds."""
+    t = time.perf_counter()
+    os.write(fd, b"x" * 256)
+    os.fsync(fd)
+    return time.perf_counter() - t
+
+
+ECHO_CHILD = """
+import os, socket, sys
+sock = socket.socket(fileno=int(sys.argv[1]))
+while data := sock.recv(64):
+    sock.sendall(data)
+"""
+
+
+class EchoProcess:
+    """A child process that echoes what it reads from a socketpair: one round trip to
+    another process, the least a job's hand-off to its worker and its result frame back
+    cost (a job never runs in the sidecar's own process)."""
+
+    def __init__(self) -> None:
+        self.sock, theirs = socket.socketpair()
+        self.proc = subprocess.Popen([sys.executable, "-c", ECHO_CHILD, str(theirs.fileno())],
+                                     pass_fds=(theirs.fileno(),))
+        theirs.close()
+        self.round_trip()  # the child is up and reading
+
+    def round_trip(self) -> float:
+        t = time.perf_counter()
+        self.sock.sendall(b"job")
+        if self.sock.recv(64) != b"job":
+            raise SystemExit("the echo process did not answer")
+        return time.perf_counter() - t
+
+    def close(self) -> None:
+        self.sock.close()
+        self.proc.wait(10)
 
 
 async def admit(session: aiohttp.ClientSession, url: str, action_id: str, topic: str,
@@ -378,6 +420,41 @@ async def blocking_run(session: aiohttp.ClientSession, url: str, crew_id: str, a
     return time.perf_counter() - t
 
 
+FLOOR_MODES: tuple[str, ...] = ("quiet", "b2b")
+FLOOR_PARTS: tuple[str, ...] = ("repeat", "fsync", "hop")
+
+
+@dataclass
+class FloorProbe:
+    """What no blocking run through the sidecar can skip, sampled beside the run bars: one
+    request and answer on the kept-alive connection, a durable commit, a process round trip
+    (see the module docstring)."""
+
+    fsync_fd: int
+    echo: EchoProcess
+
+    async def sample(self, repeat: Callable[[], Awaitable[float]], roots: list[int] | None,
+                     n: int) -> dict[str, list[float]]:
+        """``n`` samples of each part; with ``roots``, each once those processes are quiet
+        (as a quiet run starts), without, back to back."""
+        parts: dict[str, list[float]] = {name: [] for name in FLOOR_PARTS}
+        for _ in range(n):
+            for name in FLOOR_PARTS:
+                if roots is not None:
+                    await await_quiet(roots)
+                parts[name].append(await repeat() if name == "repeat"
+                                   else one_fsync(self.fsync_fd) if name == "fsync"
+                                   else self.echo.round_trip())
+        return parts
+
+
+def floor_ratio(inproc_p50: float, parts: dict[str, float]) -> float:
+    """The lowest sidecar / in-process ratio the parts allow: the in-process run plus one
+    request and answer, two durable commits (admission and outcome) and one process round
+    trip."""
+    return (inproc_p50 + parts["repeat"] + 2 * parts["fsync"] + parts["hop"]) / inproc_p50
+
+
 async def bench_run_modes(base: Path, crews: Path, *, pairs: int, runs: int
                           ) -> dict[str, Any]:
     """The run bars' figures: a blocking ``run`` through a fresh mutual-TLS sidecar, on the
@@ -393,90 +470,161 @@ async def bench_run_modes(base: Path, crews: Path, *, pairs: int, runs: int
       at once on one event loop), ``max(2, runs // 2)`` rounds.
 
     Ratios are taken between the p50s of all pairs' samples pooled (one process pair's figure
-    carries those processes' own speed, see inprocess_runner); each pair's ratio is kept."""
-    from inprocess_runner import InProcessRunner
-
+    carries those processes' own speed, see inprocess_runner); each pair's ratio is kept.
+    Beside the quiet and back-to-back runs, the :class:`FloorProbe` parts of the same pair
+    and mode, pooled the same way, give each mode's floor (:func:`floor_ratio`)."""
     tls_env, ctx = mtls_pki(base)
-    samples: dict[str, list[float]] = {}
-    per_pair: dict[str, list[float]] = {}
-    rounds = max(2, runs // 2)
-    for k in range(pairs):
+    fsync_path = private_dir(base, "floor") / "fsync-probe"
+    bench = RunBench(base=base, crews=crews, ctx=ctx, tls_env=tls_env, runs=runs,
+                     floor=FloorProbe(os.open(fsync_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+                                              0o600), EchoProcess()))
+    try:
+        for k in range(pairs):
+            await bench.pair(k)
+    finally:
+        os.close(bench.floor.fsync_fd)
+        bench.floor.echo.close()
+    return bench.figures(pairs)
+
+
+@dataclass
+class PairSide:
+    """The sidecar side of one pair for one crew: the kept-alive session and the crew."""
+
+    session: aiohttp.ClientSession
+    url: str
+    crew_id: str
+    tag: str
+
+    async def run(self, name: str) -> float:
+        return await blocking_run(self.session, self.url, self.crew_id, f"{self.tag}-{name}",
+                                  f"topic {name}")
+
+    async def four(self, name: str) -> list[float]:
+        return list(await asyncio.gather(*(self.run(f"{name}-{j}") for j in range(4))))
+
+
+@dataclass
+class RunBench:
+    """The run bars' pairs, their pooled samples and the figures taken from them."""
+
+    base: Path
+    crews: Path
+    ctx: Any
+    tls_env: dict[str, str]
+    runs: int
+    floor: FloorProbe
+    samples: dict[str, list[float]] = field(default_factory=dict)
+    per_pair: dict[str, list[float]] = field(default_factory=dict)
+
+    @property
+    def rounds(self) -> int:
+        return max(2, self.runs // 2)
+
+    async def pair(self, k: int) -> None:
+        """One fresh pair: a declarative and a registry sidecar, one in-process interpreter."""
+        from inprocess_runner import InProcessRunner
+
         procs = {
-            "declarative": start_sidecar(base, f"decl{k}",
-                                         private_dir(base, f"decl{k}") / "journal.db", crews,
-                                         **tls_env),
-            "registry": start_sidecar(base, f"reg{k}",
-                                      private_dir(base, f"reg{k}") / "journal.db", None,
+            "declarative": start_sidecar(self.base, f"decl{k}",
+                                         private_dir(self.base, f"decl{k}") / "journal.db",
+                                         self.crews, **self.tls_env),
+            "registry": start_sidecar(self.base, f"reg{k}",
+                                      private_dir(self.base, f"reg{k}") / "journal.db", None,
                                       CREWFENCE_REGISTRY=REGISTRY,
                                       PYTHONPATH=os.pathsep.join(
                                           [BENCH_DIR, os.environ.get("PYTHONPATH", "")]),
-                                      **tls_env),
+                                      **self.tls_env),
         }
-        runner = await InProcessRunner.start(crews, base / f"inproc{k}-crewai",
+        runner = await InProcessRunner.start(self.crews, self.base / f"inproc{k}-crewai",
                                              registry=REGISTRY)
         try:
             await runner.ready()
             for p in procs.values():
                 wait_listening(p)
-            roots = [*(p.proc.pid for p in procs.values()), runner.pid, os.getpid()]
-            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx)) as s:
+            roots = [*(p.proc.pid for p in procs.values()), runner.pid, os.getpid(),
+                     self.floor.echo.proc.pid]
+            async with aiohttp.ClientSession(
+                    connector=aiohttp.TCPConnector(ssl=self.ctx)) as s:
                 for kind, crew_id in RUN_KINDS:
-                    url = f"https://127.0.0.1:{procs[kind].port}"
-                    got = await _run_modes(s, url, crew_id, runner, roots, f"{kind}{k}",
-                                           runs=runs, rounds=rounds, sidecar_first=k % 2 == 0)
-                    for mode, (side, inproc) in got.items():
-                        key = f"{kind}_{mode}"
-                        samples.setdefault(f"{key}_sidecar", []).extend(side)
-                        samples.setdefault(f"{key}_inproc", []).extend(inproc)
-                        per_pair.setdefault(key, []).append(pct(side, 50) / pct(inproc, 50))
+                    side = PairSide(s, f"https://127.0.0.1:{procs[kind].port}", crew_id,
+                                    f"{kind}{k}")
+                    self._add(kind, await self._modes(side, runner, roots,
+                                                      sidecar_first=k % 2 == 0))
         finally:
             for p in procs.values():
                 p.stop()
             await runner.close()
-    out: dict[str, Any] = {"run_pairs": pairs, "run_runs_per_pair": runs,
-                           "run_conc4_rounds": rounds}
-    for kind, _ in RUN_KINDS:
-        for mode in RUN_MODES:
-            key = f"{kind}_{mode}"
-            side, inproc = samples[f"{key}_sidecar"], samples[f"{key}_inproc"]
-            out[f"run_{key}_sidecar_p50"] = pct(side, 50)
-            out[f"run_{key}_inproc_p50"] = pct(inproc, 50)
-            out[f"run_{key}_ratio"] = pct(side, 50) / pct(inproc, 50)
-            out[f"run_{key}_pair_ratios"] = per_pair[key]
-    return out
 
-
-async def _run_modes(s: aiohttp.ClientSession, url: str, crew_id: str, runner: Any,
-                     roots: list[int], tag: str, *, runs: int, rounds: int,
-                     sidecar_first: bool) -> dict[str, tuple[list[float], list[float]]]:
-    """One pair's samples of one crew: ``{mode: (sidecar, in-process)}``."""
-    async def side_once(name: str) -> float:
-        return await blocking_run(s, url, crew_id, f"{tag}-{name}", f"topic {name}")
-
-    async def side_four(name: str) -> list[float]:
-        return list(await asyncio.gather(*(side_once(f"{name}-{j}") for j in range(4))))
-
-    await side_four("warm")  # opens the four kept-alive connections, warms the workers
-    await runner.run("warm", crew_id)
-    quiet: tuple[list[float], list[float]] = ([], [])
-    for i in range(runs):
-        await await_quiet(roots)
-        quiet[0].append(await side_once(f"q{i}"))
-        await await_quiet(roots)
-        quiet[1].append(await runner.run(f"topic q{i}", crew_id))
-    b2b: tuple[list[float], list[float]] = ([], [])
-    conc4: tuple[list[float], list[float]] = ([], [])
-    for sidecar in (True, False) if sidecar_first else (False, True):
-        await await_quiet(roots)
+    async def _modes(self, side: PairSide, runner: Any, roots: list[int], *,
+                     sidecar_first: bool) -> PairSamples:
+        """One pair's samples of one crew, each mode's floor parts beside its runs."""
+        crew_id, runs = side.crew_id, self.runs
+        await side.four("warm")  # opens the four kept-alive connections, warms the workers
+        await runner.run("warm", crew_id)
+        quiet: tuple[list[float], list[float]] = ([], [])
         for i in range(runs):
-            b2b[0 if sidecar else 1].append(await side_once(f"b{i}") if sidecar
-                                            else await runner.run(f"topic b{i}", crew_id))
-    for sidecar in (True, False) if sidecar_first else (False, True):
+            await await_quiet(roots)
+            quiet[0].append(await side.run(f"q{i}"))
+            await await_quiet(roots)
+            quiet[1].append(await runner.run(f"topic q{i}", crew_id))
+        floors = {"quiet": await self.floor.sample(lambda: side.run("q0"), roots,
+                                                   max(2, runs // 2))}
+        b2b: tuple[list[float], list[float]] = ([], [])
+        conc4: tuple[list[float], list[float]] = ([], [])
+        order = (True, False) if sidecar_first else (False, True)
+        for sidecar in order:
+            await await_quiet(roots)
+            for i in range(runs):
+                b2b[0 if sidecar else 1].append(await side.run(f"b{i}") if sidecar
+                                                else await runner.run(f"topic b{i}", crew_id))
         await await_quiet(roots)
-        for i in range(rounds):
-            conc4[0 if sidecar else 1].extend(await side_four(f"c{i}") if sidecar
-                                              else await runner.run4(f"topic c{i}", crew_id))
-    return {"quiet": quiet, "b2b": b2b, "conc4": conc4}
+        floors["b2b"] = await self.floor.sample(lambda: side.run("b0"), None, runs)
+        for sidecar in order:
+            await await_quiet(roots)
+            for i in range(self.rounds):
+                conc4[0 if sidecar else 1].extend(await side.four(f"c{i}") if sidecar
+                                                  else await runner.run4(f"topic c{i}",
+                                                                         crew_id))
+        return PairSamples({"quiet": quiet, "b2b": b2b, "conc4": conc4}, floors)
+
+    def _add(self, kind: str, got: PairSamples) -> None:
+        for mode, (side, inproc) in got.modes.items():
+            key = f"{kind}_{mode}"
+            self.samples.setdefault(f"{key}_sidecar", []).extend(side)
+            self.samples.setdefault(f"{key}_inproc", []).extend(inproc)
+            self.per_pair.setdefault(key, []).append(pct(side, 50) / pct(inproc, 50))
+        for mode, parts in got.floors.items():
+            for name, values in parts.items():
+                self.samples.setdefault(f"{kind}_{mode}_floor_{name}", []).extend(values)
+
+    def figures(self, pairs: int) -> dict[str, Any]:
+        out: dict[str, Any] = {"run_pairs": pairs, "run_runs_per_pair": self.runs,
+                               "run_conc4_rounds": self.rounds}
+        for kind, _ in RUN_KINDS:
+            for mode in RUN_MODES:
+                key = f"{kind}_{mode}"
+                side, inproc = self.samples[f"{key}_sidecar"], self.samples[f"{key}_inproc"]
+                out[f"run_{key}_sidecar_p50"] = pct(side, 50)
+                out[f"run_{key}_inproc_p50"] = pct(inproc, 50)
+                out[f"run_{key}_ratio"] = pct(side, 50) / pct(inproc, 50)
+                out[f"run_{key}_pair_ratios"] = self.per_pair[key]
+                if mode in FLOOR_MODES:
+                    parts = {name: pct(self.samples[f"{key}_floor_{name}"], 50)
+                             for name in FLOOR_PARTS}
+                    out.update({f"run_{key}_floor_{name}_p50": v for name, v in parts.items()})
+                    out[f"run_{key}_floor_ratio"] = floor_ratio(pct(inproc, 50), parts)
+        return out
+
+
+@dataclass
+class PairSamples:
+    """One pair's samples of one crew."""
+
+    modes: dict[str, tuple[list[float], list[float]]]
+    """``{mode: (sidecar, in-process)}``"""
+    floors: dict[str, dict[str, list[float]]]
+    """``{mode: {part: samples}}`` for the :data:`FLOOR_MODES`"""
 
 
 async def bench_worker_start(crews: Path, n: int) -> dict[str, Any]:
@@ -689,6 +837,12 @@ def _rows_run(r: dict[str, Any]) -> tuple[list[tuple[str, str, str, str]], bool]
                          f"in-process {ms(r[f'{key}_inproc_p50'])}",
                          f"ratio {ratio:.2f}x (bar <= {bar}x); {MODE_NOTES[mode]}; pairs "
                          + " ".join(f"{x:.2f}" for x in r[f"{key}_pair_ratios"])))
+            if mode in FLOOR_MODES:
+                rows.append((f"  floor, {kind} {mode}", f"{r[f'{key}_floor_ratio']:.2f}x",
+                             f"request {ms(r[f'{key}_floor_repeat_p50'])}",
+                             f"+ 2 x {ms(r[f'{key}_floor_fsync_p50'])} fsync + process round "
+                             f"trip {ms(r[f'{key}_floor_hop_p50'])} over in-process: the lowest "
+                             "ratio this run's parts allow"))
     rows.append(("  run samples", f"{r['run_pairs']} pairs", f"x {r['run_runs_per_pair']} runs",
                  f"conc4: {r['run_conc4_rounds']} rounds of 4 per pair; p50s pooled"))
     return rows, ok
