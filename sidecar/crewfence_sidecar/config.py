@@ -65,6 +65,10 @@ BOUNDS: Final[dict[str, Bound]] = {
                              1_000_000, "jobs one worker may run in turn (reused only when "
                              "its job ended on its own and left nothing running; never with "
                              "a CPU limit); 1 = a fresh worker per job"),
+    "worker_nice": Bound("CREWFENCE_WORKER_NICE", "--worker-nice", 5, 0, 19,
+                         "nice levels each job's worker runs below the sidecar, so that "
+                         "admissions, tool-call acknowledgements and answers do not wait for "
+                         "a CPU behind the crews; 0 = the sidecar's priority"),
     "worker_max_rss_mb": Bound("CREWFENCE_WORKER_MAX_RSS_MB", "--worker-max-rss-mb", 1024, 1,
                                1024 * 1024, "a worker whose resident set reached this many "
                                "MiB after a job exits instead of taking another"),
@@ -97,6 +101,7 @@ class SidecarConfig:
     worker_spares: int = BOUNDS["worker_spares"].default
     worker_max_jobs: int = BOUNDS["worker_max_jobs"].default
     worker_max_rss_mb: int = BOUNDS["worker_max_rss_mb"].default
+    worker_nice: int = BOUNDS["worker_nice"].default
     training_dir: Path | None = None
     ephemeral: bool = False
     resume_material: bool = False

@@ -23,6 +23,9 @@ Prints a table of:
   journal, no commit, no worker), two durable commits (admission and outcome: two raw
   append + fsync in the state directory's filesystem) and one round trip to another process
   (the job's hand-off to its worker and the result frame back: a socketpair echo);
+- the sidecar's answer under load: an exact repeat's latency while three streams of blocking
+  runs keep the workers busy, for workers at the default ``CREWFENCE_WORKER_NICE`` against
+  workers at the sidecar's own priority (0), the two sidecars loaded in turn;
 - restore time and RSS of a sidecar whose journal holds 10,000 records of 20 events each;
 - worker start: fork (in the template) to the first instruction of the job in the worker,
   p50/p99 over forks of the real template process;
@@ -370,7 +373,73 @@ async def bench_rest(base: Path, crews: Path, *, quick: bool) -> dict[str, Any]:
 
     # 7. memory with 8 concurrent jobs: workers vs in-process (the pre-worker path)
     results.update(await bench_memory(base, crews))
+
+    # 8. the sidecar's answer while its workers run crews: default worker nice vs none
+    results.update(await bench_answer_under_load(base, crews, rounds=2 if quick else 6))
     return results
+
+
+LOAD_STREAMS = 3
+"""Streams of back-to-back blocking runs that keep the workers busy (with the measuring
+client, four connections: the default ``CREWFENCE_MAX_CONCURRENCY``)."""
+
+
+async def bench_answer_under_load(base: Path, crews: Path, *, rounds: int) -> dict[str, Any]:
+    """Exact-repeat latency (the whole HTTP exchange and a journal lookup, no commit, no
+    worker: what every admission, acknowledgement and answer waits for) while
+    :data:`LOAD_STREAMS` streams of blocking runs execute, on a sidecar whose workers run at
+    the default nice against one at ``CREWFENCE_WORKER_NICE=0``, each loaded in turn for
+    ``rounds`` rounds of 60 samples; also the loaded runs' own p50 on each."""
+    tls_env, ctx = mtls_pki(base)
+    procs = {
+        "niced": start_sidecar(base, "load-niced", private_dir(base, "load-niced") / "j.db",
+                               crews, **tls_env),
+        "equal": start_sidecar(base, "load-equal", private_dir(base, "load-equal") / "j.db",
+                               crews, CREWFENCE_WORKER_NICE="0", **tls_env),
+    }
+    samples: dict[str, list[float]] = {f"{n}_{k}": [] for n in procs for k in ("repeat", "run")}
+    try:
+        for p in procs.values():
+            wait_listening(p)
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx)) as s:
+            for p in procs.values():
+                await blocking_run(s, f"https://127.0.0.1:{p.port}", "research", "done", "done")
+            for r in range(rounds):
+                for name in (("niced", "equal") if r % 2 == 0 else ("equal", "niced")):
+                    side = PairSide(s, f"https://127.0.0.1:{procs[name].port}", "research",
+                                    f"load{r}")
+                    await _under_load(side, samples[f"{name}_repeat"], samples[f"{name}_run"])
+    finally:
+        for p in procs.values():
+            p.stop()
+    out = {f"load_{key}_p50": pct(v, 50) for key, v in samples.items()}
+    out.update({f"load_{key}_p90": pct(v, 90) for key, v in samples.items()})
+    from crewfence_sidecar.config import BOUNDS
+
+    out["load_nice_default"] = BOUNDS["worker_nice"].default
+    return out
+
+
+async def _under_load(side: PairSide, repeats: list[float], runs: list[float]) -> None:
+    stop = asyncio.Event()
+
+    async def stream(j: int) -> None:
+        i = 0
+        while not stop.is_set():
+            runs.append(await side.run(f"s{j}-{i}"))
+            i += 1
+
+    streams = [asyncio.create_task(stream(j)) for j in range(LOAD_STREAMS)]
+    try:
+        while len(runs) < LOAD_STREAMS:  # every stream's first run ended: workers are busy
+            await asyncio.sleep(0.005)
+        for _ in range(60):
+            repeats.append(await blocking_run(side.session, side.url, "research", "done",
+                                              "done"))
+            await asyncio.sleep(0.01)
+    finally:
+        stop.set()
+        await asyncio.gather(*streams)
 
 
 SECTIONS = {"admission", "run", "rest"}
@@ -867,6 +936,13 @@ def _rows_rest(r: dict[str, Any]) -> tuple[list[tuple[str, str, str, str]], bool
          f"all PSS {r['mem_total_pss_kib'] / 1024:.1f} MiB"),
         ("8 jobs in-process (before workers)", f"{r['mem_inproc_rss_kib'] / 1024:.1f} MiB",
          f"PSS {r['mem_inproc_pss_kib'] / 1024:.1f} MiB", "one process"),
+        (f"answer under load: workers at nice {r['load_nice_default']} / 0",
+         f"p50 {ms(r['load_niced_repeat_p50'])}",
+         f"{ms(r['load_equal_repeat_p50'])}",
+         f"exact repeat while {LOAD_STREAMS} runs execute: "
+         f"{r['load_niced_repeat_p50'] / r['load_equal_repeat_p50']:.2f}x (p90 "
+         f"{ms(r['load_niced_repeat_p90'])} / {ms(r['load_equal_repeat_p90'])}); the loaded "
+         f"runs {ms(r['load_niced_run_p50'])} / {ms(r['load_equal_run_p50'])}"),
     ]
     return rows, r["restore_seconds"] < 2.0
 

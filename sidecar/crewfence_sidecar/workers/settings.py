@@ -31,6 +31,8 @@ class TemplateSettings:
     cpu_seconds: int = 0
     """RLIMIT_CPU of each worker: SIGXCPU at the limit, SIGKILL a second later; 0 = none.
     When set, no worker is reused (RLIMIT_CPU counts the process's life, not one job's)."""
+    nice: int = 0
+    """Nice levels each worker adds to its own (``CREWFENCE_WORKER_NICE``); 0 = none."""
     warm_workers: bool = True
     """Each worker runs an internal offline kickoff before it reads its job (spare workers
     then start jobs warm)."""
@@ -84,7 +86,20 @@ def become_subreaper() -> bool:
 
 
 def apply_limits(settings: TemplateSettings) -> None:
-    """The per-job limits, applied by the worker to itself before the job begins."""
+    """The per-job limits, applied by the worker to itself before the job begins (and before
+    a spare's warm-up).
+
+    Invariant (the journal's writer is never starved by the crews it serves): a worker runs
+    ``settings.nice`` nice levels below the sidecar (at 5, a third of the sidecar's weight).
+    On 2 cores a crew's threads and the sidecar's loop often share a CPU; at equal priority
+    the loop, woken by a request or a worker's frame, waited for the crew's time slice (1 to
+    2 ms each time, seen with ``perf sched``), so admissions, tool-call acknowledgements and
+    answers queued behind the crews. The scheduler then lets the sidecar run first; the
+    crews lose only the little CPU the sidecar uses. A process may always lower its own
+    priority, never raise it back: the worker never needs to.
+    """
+    if settings.nice > 0:
+        os.nice(settings.nice)
     if settings.memory_bytes > 0:
         _lower(resource.RLIMIT_AS, settings.memory_bytes, settings.memory_bytes)
     if settings.cpu_seconds > 0:
@@ -117,4 +132,4 @@ def template_settings(config: SidecarConfig) -> TemplateSettings:
         crews_file=str(config.crews_file) if config.crews_file is not None else None,
         training_dir=str(config.training_dir) if config.training_dir is not None else None,
         memory_bytes=config.worker_memory_mb * 1024 * 1024,
-        cpu_seconds=config.worker_cpu_seconds)
+        cpu_seconds=config.worker_cpu_seconds, nice=config.worker_nice)

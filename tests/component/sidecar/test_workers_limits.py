@@ -1,10 +1,12 @@
 """Per-job limits on the worker (``CREWFENCE_WORKER_CPU_SECONDS``,
 ``CREWFENCE_WORKER_MEMORY_MB``, from the Crew's ``spec.workerLimits``): a job over its limit
-fails alone; its neighbour and the next admission run; the sidecar keeps serving.
+fails alone; its neighbour and the next admission run; the sidecar keeps serving. And the
+worker's priority (``CREWFENCE_WORKER_NICE``): below the sidecar's.
 
-One template serves both tests: every worker gets RLIMIT_CPU of :data:`CPU_SECONDS` and
-RLIMIT_AS of :data:`MEMORY_BYTES` (well above a worker's baseline address space, well below
-``limit_crews.HOG_BYTES``, the one allocation of the ``hog`` crew).
+One template serves these tests: every worker gets RLIMIT_CPU of :data:`CPU_SECONDS`, RLIMIT_AS
+of :data:`MEMORY_BYTES` (well above a worker's baseline address space, well below
+``limit_crews.HOG_BYTES``, the one allocation of the ``hog`` crew) and :data:`NICE` more nice
+levels than the template's.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ CPU_SECONDS = 2
 MEMORY_BYTES = 2 * 1024 * 1024 * 1024
 """A worker forked from the template starts near 0.75 GiB of address space."""
 assert MEMORY_BYTES < HOG_BYTES
+NICE = 3
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +49,7 @@ def worker_template(tmp_path_factory: pytest.TempPathFactory, crews_file: Path,
     supervisor = Supervisor.spawn_template(
         TemplateSettings(registry="limit_crews:CREWS", crews_file=str(crews_file),
                          training_dir=str(training), cpu_seconds=CPU_SECONDS,
-                         memory_bytes=MEMORY_BYTES), env=env)
+                         memory_bytes=MEMORY_BYTES, nice=NICE), env=env)
     supervisor.wait_ready()
     yield Template(supervisor, root / "effects.log", training)
     supervisor.close_sync()
@@ -62,6 +65,28 @@ async def test_a_job_over_its_cpu_limit_fails_alone(make_worker_client: Any) -> 
     assert record["error"]["signal"] in ("SIGXCPU", "SIGKILL")  # soft limit, then hard
     assert record["uncertain_outcome"] is True and record["work_stopped"] is True
     r = await c.post("/jobs", json=start_body("after-burn"), headers=headers("after-burn"))
+    assert r.status == 200, await r.text()
+
+
+def _nice(pid: int) -> int:
+    """The nice value of a live process (field 19 of /proc/PID/stat)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat[stat.rindex(")") + 2:].split()[16])
+
+
+async def test_a_worker_runs_below_the_sidecar_s_priority(make_worker_client: Any,
+                                                          worker_template: Template) -> None:
+    c = await make_worker_client(CREWFENCE_WORKER_SPARES="0")
+    r = await c.post("/jobs", json=start_body("niced", crew_id="stuck", topic="TAG-niced"),
+                     headers=headers("niced", async_=True))
+    assert r.status == 202, await r.text()
+    pid = await _first_model_call(worker_template, "TAG-niced")
+    template_pid = worker_template.supervisor.template_pid
+    assert _nice(template_pid) == _nice(os.getpid())  # the template itself is not lowered
+    assert _nice(pid) == min(19, _nice(template_pid) + NICE)
+    r = await c.post(job_path("niced", "/cancel"),
+                     json={"crew_id": "stuck", "action_id": "niced", "reason": "test"},
+                     headers=AUTH)
     assert r.status == 200, await r.text()
 
 

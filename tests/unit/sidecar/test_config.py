@@ -25,6 +25,17 @@ def test_defaults(base: dict[str, str]) -> None:
     assert "secret-token" not in repr(cfg)
 
 
+@pytest.mark.parametrize("env, nice", [({}, 5), ({"CREWFENCE_WORKER_NICE": "0"}, 0),
+                                       ({"CREWFENCE_WORKER_NICE": "19"}, 19)])
+def test_the_workers_get_the_configured_nice_levels(base: dict[str, str], env: dict[str, str],
+                                                    nice: int) -> None:
+    from crewfence_sidecar.workers.settings import TemplateSettings, template_settings
+
+    settings = template_settings(load_config([], {**base, **env}))
+    assert settings.nice == nice
+    assert TemplateSettings.from_json(settings.to_json()).nice == nice  # crosses to the template
+
+
 def test_flags_win_over_environment(base: dict[str, str]) -> None:
     cfg = load_config(["--port", "9000", "--max-concurrency", "7",
                        "--allowed-operations", "run,batch_run"],
