@@ -390,12 +390,13 @@ async def bench_answer_under_load(base: Path, crews: Path, *, rounds: int) -> di
     :data:`LOAD_STREAMS` streams of blocking runs execute, on a sidecar whose workers run at
     the default nice against one at ``CREWFENCE_WORKER_NICE=0``, each loaded in turn for
     ``rounds`` rounds of 60 samples; also the loaded runs' own p50 on each."""
+    base = private_dir(base, "load")  # its own PKI and journals beside the other sections'
     tls_env, ctx = mtls_pki(base)
     procs = {
-        "niced": start_sidecar(base, "load-niced", private_dir(base, "load-niced") / "j.db",
-                               crews, **tls_env),
-        "equal": start_sidecar(base, "load-equal", private_dir(base, "load-equal") / "j.db",
-                               crews, CREWFENCE_WORKER_NICE="0", **tls_env),
+        "niced": start_sidecar(base, "niced", private_dir(base, "niced") / "j.db", crews,
+                               **tls_env),
+        "equal": start_sidecar(base, "equal", private_dir(base, "equal") / "j.db", crews,
+                               CREWFENCE_WORKER_NICE="0", **tls_env),
     }
     samples: dict[str, list[float]] = {f"{n}_{k}": [] for n in procs for k in ("repeat", "run")}
     try:
