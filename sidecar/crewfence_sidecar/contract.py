@@ -758,6 +758,11 @@ class JobRecord:
     output: Any = None
     error: dict[str, Any] | None = None
     uncertain_outcome: bool = False
+    recorded_at: str | None = None
+    """When a client (the operator) first said it recorded this terminal record's outcome
+    (``POST /jobs/{id}/recorded``); None until then. A crewfence extension of the record:
+    a CrewJob deleted and re-applied from Git finds its finished record already recorded, so
+    its finish is not counted a second time in the per-Crew usage counters."""
 
     @property
     def terminal(self) -> bool:
@@ -790,6 +795,7 @@ class JobRecord:
             STOPPED_AT_FIELD: self.stopped_at,
             "created_at": self.created_at,
             "updated_at": self.updated_at,
+            "recorded_at": self.recorded_at,
         }
 
     @classmethod
@@ -801,6 +807,7 @@ class JobRecord:
             created_at=str(raw["created_at"]), updated_at=str(raw["updated_at"]),
             output=raw.get("output"), error=raw.get("error"),
             uncertain_outcome=bool(raw.get("uncertain_outcome", False)),
+            recorded_at=str(raw["recorded_at"]) if raw.get("recorded_at") else None,
         )
 
 

@@ -227,17 +227,19 @@ _STATUS = {s.value: s for s in Status}
 def _record_from_row(row: tuple[Any, ...]) -> JobRecord:
     """A record without its output (decoded lazily by Journal.get: restore stays fast)."""
     (action_id, crew_id, operation, request_hash, status, event_count, error,
-     uncertain, created_at, updated_at) = row
+     uncertain, created_at, updated_at, recorded_at) = row
     return JobRecord(
         action_id=action_id, crew_id=crew_id, operation=operation,
         request_hash=request_hash, status=_STATUS[status], event_count=int(event_count),
         output=None, error=None if error == "null" else json.loads(error),
         uncertain_outcome=bool(uncertain), created_at=created_at, updated_at=updated_at,
+        recorded_at=recorded_at,
     )
 
 
 _SELECT_RECORDS = ("SELECT action_id, crew_id, operation, request_hash, status, event_count, "
-                   "error, uncertain_outcome, created_at, updated_at FROM records")
+                   "error, uncertain_outcome, created_at, updated_at, m.recorded_at "
+                   "FROM records LEFT JOIN recorded m USING (action_id)")
 
 
 @dataclass(frozen=True)
@@ -924,7 +926,8 @@ class Journal:
 
     def mark_recorded(self, action_id: str) -> str:
         """Note (durably, once) that a client recorded this terminal record's outcome; the
-        time it was first noted. The record itself does not change."""
+        time it was first noted, which the record then carries (``recorded_at``). Its outcome
+        does not change."""
         record = self.records[action_id]
         if not record.terminal:
             raise ValueError("only terminal records can be marked recorded")
@@ -935,6 +938,7 @@ class Journal:
         now = utc_now()
         with self._tx() as conn:
             conn.execute("INSERT INTO recorded VALUES (?, ?)", (action_id, now))
+        record.recorded_at = now
         return now
 
     def _finding(self, action_id: str, name: str) -> JobEvent | None:

@@ -17,7 +17,8 @@ Other states: :meth:`stop`/:meth:`start` (the process "dies": connection refused
 :meth:`restart` (same port; running records become failed ``sidecar_restarted`` with
 ``uncertain_outcome`` unless the journal is lost), :meth:`change_journal` (a new journal id and
 no records), ``draining`` (admissions answer 503 ``draining``), ``token`` (401 otherwise).
-``POST /jobs/{id}/recorded`` (fault route ``recorded``) notes the action in ``recorded``.
+``POST /jobs/{id}/recorded`` (fault route ``recorded``) notes the action in ``recorded`` and
+the record carries the first mark's time (``recorded_at``).
 """
 
 from __future__ import annotations
@@ -265,7 +266,10 @@ class FaultySidecar:
         if not job.record.terminal:
             return self._error(409, "job_running", "the job is still running")
         self.recorded.add(action_id)
-        return self._json(200, {"action_id": action_id, "recorded_at": _now()})
+        if job.record.recorded_at is None:  # the record carries its first mark, as ours does
+            job.record.recorded_at = _now()
+        return self._json(200, {"action_id": action_id,
+                                "recorded_at": job.record.recorded_at})
 
     async def _events(self, request: web.Request) -> web.StreamResponse:
         fault = await self._fault("events", request)

@@ -52,6 +52,12 @@ I9  Held means never admitted. While :class:`Hold` holds the job (``spec.suspend
     an action found anywhere is attached to, not admitted again). An eviction of an assigned
     job is a cancel on the sidecar (like ``spec.cancel``), reported in ``status.cancellation``;
     the job is never re-admitted under the same action id.
+I10 A finished action's usage is counted once in the per-Crew counters, whatever Git does
+    with its CrewJob: a finish counts its effects (:attr:`Finish.counts_effects`) only when
+    its record carries no ``recorded_at``, the mark an earlier CrewJob object of the same
+    action set after its own terminal patch (I8). A CrewJob deleted and re-applied (GitOps
+    prune and re-sync, ``ttlSecondsAfterFinished`` and re-sync) attaches to the same finished
+    record (I6) and writes its status, but adds nothing to the counters.
 
 The admission gate: :class:`Gate` is the one place where a "wait: predecessor not resolved"
 check (``spec.supersedes``) plugs in; it is consulted only before the first admission.
@@ -297,6 +303,13 @@ class Finish:
     mark_on: Replica | None = None
     """Once the patch is written, tell this replica the outcome is recorded (its record may
     then be archived by retention: machine I8)."""
+
+    @property
+    def counts_effects(self) -> bool:
+        """Whether this finish adds its effects to the per-Crew counters (I10): not when
+        the record was marked recorded already, by an earlier CrewJob object of its action."""
+        return self.effects is not None and (self.record is None
+                                             or self.record.recorded_at is None)
 
 
 @dataclass(frozen=True)

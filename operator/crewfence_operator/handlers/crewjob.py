@@ -225,12 +225,13 @@ class JobDriver:
                 patch = without_configmap(patch, step.configmap)
         if patch is not None:
             await self.write(patch)
-        if isinstance(step, Finish) and step.effects is not None \
+        if isinstance(step, Finish) and step.counts_effects and step.effects is not None \
                 and isinstance(self.spec, JobSpec):
             # Counted once, with the terminal write and before any other await: the write
             # makes the job not live, and the daemon kopf then stops may be cancelled while
             # the mark below still waits for its sidecar. A terminal status is never finished
-            # again (machine.decide releases it), so the count is not repeated either.
+            # again (machine.decide releases it), and a re-applied CrewJob finds its record
+            # marked recorded (machine I10), so the count is not repeated either.
             metrics.observe_job_effects(self.namespace, self.spec.crew, step.effects)
         if isinstance(step, Finish) and step.mark_on is not None:
             await self._mark_recorded(step.mark_on)

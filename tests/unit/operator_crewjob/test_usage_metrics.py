@@ -199,3 +199,32 @@ async def test_a_driver_stopped_while_it_marks_the_record_has_counted_already(
     after = counters(namespace)
     for name, (section, field) in COUNTERS.items():
         assert after[name] - before[name] == status[section][field], name
+
+
+async def test_a_finished_crewjob_deleted_and_reapplied_counts_nothing_more(
+        sidecar: FaultySidecar) -> None:
+    """GitOps deletes a finished CrewJob (a prune, ``ttlSecondsAfterFinished``) and applies it
+    again: the new object (new uid, empty status) attaches to the same finished record and
+    writes the same terminal status, evidence included, but the action's usage was counted
+    by the first object: the record carries the first object's mark (``recorded_at``), so
+    the counters do not grow again (machine I10; without ``Finish.counts_effects`` they
+    double)."""
+    namespace = "usage-reapplied"
+    cluster = FakeCluster(crew=crew_obj(replica_entry(0, sidecar.address, "journal-0")))
+    await finish_a_job_with_calls_in_doubt(namespace, sidecar, cluster)
+    first = dict(cluster.statuses["job-1"])
+    counted = counters(namespace)
+    assert counted["crewfence_operator_tool_calls_total"] > 0
+    action = f"{namespace}/job-1"
+    assert sidecar.jobs[action].record.recorded_at is not None
+
+    reapplied = body_in(namespace)
+    reapplied["metadata"]["uid"] = "uid-job-1-reapplied"
+    cluster.statuses.pop("job-1", None)  # the deleted object's status went with it
+    await run_to_the_end(JobDriver(reapplied, Runtime(settings=FAST, io=cluster)))
+
+    again = cluster.statuses["job-1"]
+    assert (again["phase"], again["reason"]) == (first["phase"], first["reason"])
+    assert again["usage"] == EXPECTED and again["effects"]["inDoubtCount"] == IN_DOUBT
+    assert counters(namespace) == counted
+    assert sidecar.admissions[action] == 1

@@ -221,9 +221,14 @@ def test_record_round_trip() -> None:
     wire = rec.to_wire()
     assert set(wire) == {"action_id", "crew_id", "operation", "request_hash", "status",
                          "event_count", "output", "error", "uncertain_outcome",
-                         "work_stopped", "stopped_at", "created_at", "updated_at"}
+                         "work_stopped", "stopped_at", "created_at", "updated_at",
+                         "recorded_at"}
     assert wire["work_stopped"] is False and wire["stopped_at"] is None
+    assert wire["recorded_at"] is None
     assert c.JobRecord.from_wire(wire) == rec
+    done = c.JobRecord("a", "c", "run", "h", c.Status.COMPLETED, 2, "t0", "t1",
+                       recorded_at="t2")
+    assert c.JobRecord.from_wire(done.to_wire()) == done
     stopped = c.JobRecord("a", "c", "run", "h", c.Status.CANCELLED, 2, "t0", "t2",
                           error={"code": "cancelled", "work_stopped": True, "stopped_at": "t2"},
                           uncertain_outcome=True)

@@ -77,6 +77,27 @@ def test_archive_leaves_a_tombstone_that_survives_restart(jpath: Path) -> None:
     j2.close()
 
 
+def test_a_records_recorded_mark_is_on_the_record_and_survives_restart(jpath: Path) -> None:
+    """The mark a client set (``POST /jobs/{id}/recorded``) is part of the record it reads
+    again, before and after a restart: a CrewJob re-applied from Git learns from the record
+    that its finish was counted already (the operator's per-Crew usage counters)."""
+    j = _open(jpath)
+    for aid in ("marked", "unmarked"):
+        j.admit(_record(aid), {})
+        j.finish(aid, Status.COMPLETED, output={"raw": "r"}, error=None, uncertain=False,
+                 event_data={"raw": "r"})
+    assert j.get("marked").recorded_at is None  # type: ignore[union-attr]
+    at = j.mark_recorded("marked")
+    assert j.get("marked").recorded_at == at  # type: ignore[union-attr]
+    assert j.mark_recorded("marked") == at, "the first mark's time stays"
+    j.close()
+    j2 = _open(jpath)
+    assert j2.get("marked").recorded_at == at  # type: ignore[union-attr]
+    assert j2.get("unmarked").recorded_at is None  # type: ignore[union-attr]
+    assert j2.get("marked").to_wire()["recorded_at"] == at  # type: ignore[union-attr]
+    j2.close()
+
+
 def test_record_bound_refuses_admission_and_keeps_nothing(jpath: Path) -> None:
     j = _open(jpath, max_retained_runs=2)
     j.admit(_record("a"), {})
