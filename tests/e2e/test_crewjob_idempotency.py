@@ -14,6 +14,7 @@ from crewjob_support import (
     crewjob_namespace,
     delete_job,
     llm_calls,
+    operator_metric,
     research_crew,
     wait_crew_ready,
     wait_for,
@@ -35,12 +36,21 @@ def ns(cluster: Cluster, operator_process: Operator, ident_ns: str) -> str:
     return ident_ns
 
 
-def test_deleted_and_reapplied_crewjob_is_an_exact_repeat(cluster: Cluster, ns: str) -> None:
+def test_deleted_and_reapplied_crewjob_is_an_exact_repeat(cluster: Cluster, ns: str,
+                                                         operator_process: Operator) -> None:
     job = crewjob_manifest("repeat", "run", {"topic": "exact repeats"})
     assert apply_obj(cluster, job, ns).returncode == 0
     first = wait_phase(cluster, ns, "repeat")["status"]
     assert first["phase"] == "Succeeded"
     calls_before = llm_calls(cluster, ns, "research")
+
+    def model_calls() -> float:  # the per-Crew counter of finished CrewJobs' model calls
+        return operator_metric(operator_process.metrics_url,
+                               "crewfence_operator_model_calls_total", f'namespace="{ns}"')
+
+    assert first["usage"]["modelCalls"] >= 1
+    counted = wait_for(lambda: model_calls() >= first["usage"]["modelCalls"] and model_calls(),
+                       timeout=30, what="the first finish counted")
     delete_job(cluster, ns, "repeat")
     assert apply_obj(cluster, job, ns).returncode == 0
     second = wait_phase(cluster, ns, "repeat")["status"]
@@ -53,6 +63,9 @@ def test_deleted_and_reapplied_crewjob_is_an_exact_repeat(cluster: Cluster, ns: 
     assert second["assignment"] == first["assignment"]
     assert second["output"]["sha256"] == first["output"]["sha256"]
     assert llm_calls(cluster, ns, "research") == calls_before  # nothing ran again
+    # the same evidence, counted once: the record carries the first object's mark (I10)
+    assert second["usage"] == first["usage"]
+    assert model_calls() == counted
 
 
 def test_changed_request_under_same_action_id_is_request_changed(cluster: Cluster,
