@@ -185,7 +185,10 @@ async def _until_woken(watches: dict[str, _Watch], action_id: str,
     fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     watches.setdefault(action_id, _Watch()).waiters.append(fut)
     try:
-        await asyncio.wait_for(fut, timeout)
+        # asyncio.timeout, not wait_for: the waiter resumes in the loop turn after the wake
+        # (wait_for's own waiter future adds one more turn to every blocking answer)
+        async with asyncio.timeout(timeout):
+            await fut
     except TimeoutError:
         pass
     finally:
@@ -401,8 +404,10 @@ class Runtime:
         async with self._slots:
             self.metrics.active_runs.inc()
             try:
-                return await asyncio.wait_for(self._execute(req),
-                                              req.effective_timeout_ms / 1000)
+                # in this task (asyncio.timeout): wait_for would run the execution in a task
+                # of its own, one more loop turn at its start and one at its end of every job
+                async with asyncio.timeout(req.effective_timeout_ms / 1000):
+                    return await self._execute(req)
             finally:
                 self.metrics.active_runs.dec()
 

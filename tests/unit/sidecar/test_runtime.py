@@ -159,6 +159,50 @@ async def test_timeout_of_async_and_thread_backed(
     executor.thread_release.set()
 
 
+class TaskRecordingExecutor(CountingExecutor):
+    """Notes the task each job's execution ran in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tasks: list[asyncio.Task[Any] | None] = []
+
+    async def __call__(self, ctx: JobContext) -> Any:
+        self.tasks.append(asyncio.current_task())
+        return await super().__call__(ctx)
+
+
+async def test_a_job_executes_in_its_own_task_under_its_timeout(journal: Journal) -> None:
+    """No task per job but the job's: the execution runs in the job's task under
+    ``asyncio.timeout`` (``wait_for`` put it in a task of its own, a loop turn more at its
+    start and at its end of every run), and the timeout still ends it as ``timeout``."""
+    executor = TaskRecordingExecutor()
+    rt = Runtime(journal, Crews(), RuntimeSettings(allowed_operations=frozenset({Operation.RUN})),
+                 executor, SidecarMetrics())
+    await rt.admit(_req("quick"), "k")
+    job_task = rt._jobs["quick"].task
+    assert await rt.wait_terminal("quick", 10)
+    assert executor.tasks == [job_task]
+    await rt.admit(StartRequest("crew", "slow", Operation.RUN, {"block": True}, 50), "k")
+    assert await rt.wait_terminal("slow", 10)
+    slow = rt.journal.get("slow")
+    assert slow is not None and slow.error is not None and slow.error["code"] == "timeout"
+
+
+async def test_a_woken_waiter_resumes_in_the_next_loop_turn(runtime: Runtime) -> None:
+    """A blocking answer waits on the record's change; once the change is announced, the
+    waiting route runs in the very next turn of the loop (wait_for needed two)."""
+    waiter = asyncio.ensure_future(runtime.wait_change("w", 30))
+    await asyncio.sleep(0)  # the waiter registers
+    runtime._notify("w")
+    await asyncio.sleep(0)  # one turn
+    assert waiter.done()
+
+
+async def test_a_waiter_that_is_never_woken_returns_at_its_timeout(runtime: Runtime) -> None:
+    await asyncio.wait_for(runtime.wait_change("never", 0.01), 5)
+    assert not runtime._watches
+
+
 async def test_execution_error_records_only_the_class(runtime: Runtime) -> None:
     await runtime.admit(_req(fail=True), "k")
     await runtime.wait_terminal("a", 10)
