@@ -17,8 +17,9 @@ Invariants kept here:
   double fork) is re-parented to the template when its worker dies; before reporting
   ``exited`` the template SIGKILLs and reaps every such leftover, so a record that says
   ``work_stopped`` never has a descendant of its job still running.
-- crewai's file locks are waited for without 0.25 s polls (``crewai_locks``, installed
-  before the warm-up, inherited by every worker).
+- crewai's file locks are waited for without 0.25 s polls (``crewai_locks``), and its
+  kickoff-outputs table is created once per file, not at every crew build
+  (``crewai_outputs_table``): both installed before the warm-up, inherited by every worker.
 - Dies with the sidecar: PR_SET_PDEATHSIG (SIGTERM) and the end of the control socket both
   make it SIGKILL every worker group it started, reap them and exit.
 """
@@ -128,10 +129,11 @@ def load(settings: TemplateSettings) -> tuple[Any, dict[str, Any]]:
         definitions = load_crews_file(crews_file) if crews_file is not None else {}
     except (CatalogError, DefinitionError) as exc:
         return None, {"type": "startup_error", "message": f"crews: {exc}"}
-    from crewfence_sidecar.workers import crewai_locks
+    from crewfence_sidecar.workers import crewai_locks, crewai_outputs_table
     from crewfence_sidecar.workers.warmup import warm_up
 
     crewai_locks.install()  # workers inherit it: no 0.25 s polls when their kickoffs collide
+    crewai_outputs_table.install()  # and this: no table creation at every crew build
     warm_up()
     gc.freeze()  # the collector never writes to the template's objects in a worker (COW)
     return catalog, {"type": "ready", "crew_ids": catalog.crew_ids(),
