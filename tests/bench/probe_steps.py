@@ -7,10 +7,14 @@ back, from timestamps the real sidecar writes at each step (a measurement aid, n
 The sidecar is the real ``crewfence-sidecar`` (mutual TLS, the bench's crews) started through a
 small wrapper that records ``time.monotonic_ns()`` (shared by every process on the machine) on
 entry to and exit from admission, its durable commit, the job frame to the worker, every frame
-from the worker (the worker's own ``started_ns`` too) and the terminal commit; the client
-records its send and receive. Prints the p50 of each step per mode. With ``--interleave``
-each quiet run alternates with the same crew ``akickoff``-ed in the in-process runner (as
-``bench_sidecar.py``'s quiet mode does), whose p50 is printed too.
+from the worker (the worker's own ``started_ns`` and pid too) and the terminal commit; the
+client records its send and receive. A synchronous step's exit mark also carries the loop
+thread's CPU time and run-queue wait over the step (``/proc/thread-self/schedstat``), which
+tells a commit waiting for the disk from one waiting for a CPU. Prints the p50 of each step per
+mode. With ``--interleave`` each quiet run alternates with the same crew ``akickoff``-ed in the
+in-process runner (as ``bench_sidecar.py``'s quiet mode does), and each back-to-back block is
+followed by one of the in-process runner; both p50s are printed. ``PROBE_FINE=1`` splits the
+step from the admission's commit to the job frame (job task, execution, executor).
 """
 
 from __future__ import annotations
@@ -76,10 +80,13 @@ def around(func, step_in, step_out, aid_of):
         def timed(self, *args):
             aid = aid_of(*args)
             mark(step_in, aid)
+            cpu = time.thread_time_ns()
+            wait = int(open("/proc/thread-self/schedstat").read().split()[1])
             try:
                 return func(self, *args)
             finally:
-                mark(step_out, aid)
+                mark(step_out, aid, cpu_ns=time.thread_time_ns() - cpu,
+                     rq_ns=int(open("/proc/thread-self/schedstat").read().split()[1]) - wait)
     return timed
 
 
@@ -90,7 +97,8 @@ async def timed_next(self):
     message = await next_message(self)
     if message is not None:
         mark("worker_" + str(message.get("type")), "",
-             **({{"worker_t": message["started_ns"]}} if "started_ns" in message else {{}}))
+             **({{"worker_t": message["started_ns"], "pid": message.get("pid")}}
+                if "started_ns" in message else {{}}))
     return message
 
 
@@ -100,6 +108,12 @@ R._persist_admission = around(R._persist_admission, "commit_in", "commit_out",
 R._record_output = around(R._record_output, "terminal_in", "terminal_out",
                           lambda aid, output: aid)
 H.open = around(H.open, "frame_in", "frame_out", lambda job: job.get("action_id"))
+if os.environ.get("PROBE_FINE"):
+    from crewfence_sidecar.workers import executor as ex
+    R._job = around(R._job, "job_in", "job_out", lambda rec, req: rec.action_id)
+    R._execute = around(R._execute, "execute_in", "execute_out", lambda req: req.action_id)
+    ex.WorkerExecutor.__call__ = around(ex.WorkerExecutor.__call__, "exec_in", "exec_out",
+                                        lambda ctx: ctx.action_id)
 H.next_message = timed_next
 from crewfence_sidecar.cli import main
 sys.exit(main())
@@ -112,6 +126,10 @@ STEPS: tuple[tuple[str, str, str], ...] = (
     ("admit_in", "commit_in", "key, RFC 8785 hash, lookups, admissibility"),
     ("commit_in", "commit_out", "the admission's durable commit (fsync)"),
     ("commit_out", "frame_in", "job task, concurrency slot, worker taken"),
+    ("commit_out", "job_in", "  (fine) until the job task runs"),
+    ("job_in", "execute_in", "  (fine) concurrency slot, timeout entered"),
+    ("execute_in", "exec_in", "  (fine) job context to the executor"),
+    ("exec_in", "frame_in", "  (fine) worker taken"),
     ("frame_in", "frame_out", "job frame written to the worker"),
     ("frame_out", "worker_started", "worker reads the frame, sends `started`"),
     ("worker_started", "worker_result", "the crew in the worker (build, kickoff)"),
@@ -192,6 +210,7 @@ async def main() -> None:
         await runner.ready()
         roots.append(runner.pid)
     inproc: list[float] = []
+    inproc_b2b: list[float] = []
     try:
         with out_path.open("a", buffering=1) as out:
             async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx)) as s:
@@ -216,6 +235,10 @@ async def main() -> None:
                     await b.await_quiet(roots)
                     for i in range(args.runs):
                         await one(f"b{rnd}-{i}")
+                    if runner is not None:
+                        await b.await_quiet(roots)
+                        for i in range(args.runs):
+                            inproc_b2b.append(await runner.run(f"topic b{rnd}-{i}", crew_id))
     finally:
         p.stop()
         if runner is not None:
@@ -224,6 +247,9 @@ async def main() -> None:
     if inproc:
         print(f"{statistics.median(inproc) * 1e3:8.3f} ms  in-process run, interleaved with the "
               f"quiet runs (n={len(inproc)})")
+    if inproc_b2b:
+        print(f"{statistics.median(inproc_b2b) * 1e3:8.3f} ms  in-process run, back to back "
+              f"(n={len(inproc_b2b)})")
     print(f"load {os.getloadavg()[0]:.2f}; steps: {out_path}")
 
 
