@@ -9,10 +9,14 @@ alternations). A worker builds a crew for every job, ahead of it, while the side
 the last job and admits the next one; on 2 cores that build is CPU the sidecar waits behind.
 
 Invariant (the table crewai writes to always exists): the initialisation is skipped only for
-a file this process (or the template it was forked from) initialised itself and that is still
-that file, same device and inode and not empty. A file deleted, emptied or replaced since (a
-storage wiped under the pod) is initialised again by crewai's own code; anything else crewai
-does with the file (the writes after each task, ``replay``'s reads, a reset) is unchanged.
+a file this process (or the template it was forked from) initialised itself at that very path
+and that is still that file, same device and inode and not empty. A file deleted, emptied or
+replaced since (a storage wiped under the pod) is initialised again by crewai's own code; so is
+a file whose inode number once belonged to another path (the template's warm-up initialises a
+file in a scratch directory it then deletes, and the real file may get its number). While the
+sidecar runs it holds the real file open (``crewai_outputs_holder``), so that file's number is
+never freed for another. Anything else crewai does with the file (the writes after each task,
+``replay``'s reads, a reset) is unchanged.
 """
 
 from __future__ import annotations
@@ -22,16 +26,17 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-_initialised: set[tuple[int, int]] = set()
+_initialised: set[tuple[str, int, int]] = set()
 
 
-def _identity(path: str) -> tuple[int, int] | None:
-    """The file's device and inode; None when it is missing or empty (no table in it)."""
+def _identity(path: str) -> tuple[str, int, int] | None:
+    """The path with its file's device and inode; None when the file is missing or empty (no
+    table in it)."""
     try:
         st = os.stat(path)
     except OSError:
         return None
-    return (st.st_dev, st.st_ino) if st.st_size > 0 else None
+    return (path, st.st_dev, st.st_ino) if st.st_size > 0 else None
 
 
 def _once_per_file(initialise: Callable[[Any], None]) -> Callable[[Any], None]:

@@ -77,6 +77,20 @@ def test_a_replaced_or_emptied_file_is_initialised_again(
     assert installed == [str(db)] * 3
 
 
+def test_an_inode_initialised_at_another_path_is_initialised_again(
+        tmp_path: Path, installed: list[str]) -> None:
+    """The template's warm-up initialises a file in a scratch directory and deletes it; the
+    real file may then get that inode number without having the table."""
+    scratch, real = tmp_path / "scratch.db", tmp_path / "latest_kickoff_task_outputs.db"
+    Storage(str(scratch))
+    with closing(_connect(scratch)) as conn:
+        conn.execute(f"DROP TABLE {TABLE}")
+    scratch.rename(real)  # the same inode at the real path, and no table in it
+    Storage(str(real))
+    assert installed == [str(scratch), str(real)]
+    assert _has_table(real)
+
+
 def test_each_file_is_initialised_on_its_own(tmp_path: Path, installed: list[str]) -> None:
     first, second = tmp_path / "a.db", tmp_path / "b.db"
     Storage(str(first))
