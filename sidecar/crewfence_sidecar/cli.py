@@ -31,6 +31,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # --help
         return int(exc.code or 0)
 
+    from crewfence_sidecar.crewai_outputs_holder import hold as hold_crewai_outputs
     from crewfence_sidecar.server import (
         StartupError,
         open_journal,
@@ -59,6 +60,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         opened.close()
         supervisor.close_sync()
         return _refuse(str(exc))
+    # only now, the template forked: no worker inherits this SQLite connection
+    outputs = hold_crewai_outputs()
     try:
         asyncio.run(serve(config, None, opened, supervisor))
     except StartupError as exc:
@@ -66,6 +69,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _refuse(str(exc))
     except KeyboardInterrupt:
         opened.close()
+    finally:
+        if outputs is not None:
+            outputs.close()
     return 0
 
 

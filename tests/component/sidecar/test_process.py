@@ -4,20 +4,25 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import urllib.error
 import urllib.request
+from contextlib import closing
 from pathlib import Path
 
 import pytest
 from crewfence_sidecar.contract import job_path
+from crewfence_sidecar.crewai_outputs_holder import OUTPUTS_FILE
 from sidecar_helpers import (
     AUTH,
     SidecarProcess,
+    json_call,
     refused_start,
     sidecar_env,
     start_body,
     write_crews,
 )
+from worker_support import children_of
 
 
 @pytest.fixture
@@ -258,3 +263,46 @@ def test_sigkill_mid_job_then_restart_reports_failed_and_uncertain(
         assert status == 200 and repeat == after
     finally:
         assert second.terminate() == 0
+
+
+def _descendants(pid: int) -> list[int]:
+    found, todo = [], [pid]
+    while todo:
+        kids = [child for child, _ in children_of(todo.pop())]
+        found += kids
+        todo += kids
+    return found
+
+
+def _holds(pid: int, path: Path) -> bool:
+    fds = Path(f"/proc/{pid}/fd")
+    return any(os.readlink(fds / fd) == str(path) for fd in os.listdir(fds))
+
+
+def test_only_the_sidecar_holds_crewais_outputs_file_and_a_run_keeps_its_wal(
+        tmp_path: Path, crews: Path, state: Path) -> None:
+    """Invariant (crewai_outputs_holder): the sidecar keeps crewai's kickoff-outputs file open,
+    opened after its worker template was forked, so neither the template nor a worker has that
+    connection; a run's writes then leave the WAL in place (no close is the file's last) and
+    crewai's outputs are in the file as before."""
+    storage = tmp_path / "crewai"
+    proc = SidecarProcess([], sidecar_env(state / "journal.db", crews,
+                                          CREWAI_STORAGE_DIR=str(storage)),
+                          tmp_path / "sidecar.log").start()
+    try:
+        proc.wait_listening()
+        assert proc.proc is not None
+        status, body = json_call(f"{proc.url}/jobs", "POST", start_body("held-1"),
+                                 {"Idempotency-Key": "held-1"})
+        assert status == 200, body
+        outputs = storage / OUTPUTS_FILE
+        assert _holds(proc.proc.pid, outputs)
+        others = _descendants(proc.proc.pid)
+        assert others  # the template and its workers
+        assert not [pid for pid in others if _holds(pid, outputs)]
+        assert outputs.with_name(OUTPUTS_FILE + "-wal").exists()
+        with closing(sqlite3.connect(outputs)) as conn:
+            rows = conn.execute("SELECT count(*) FROM latest_kickoff_task_outputs").fetchone()
+        assert rows[0] >= 1
+    finally:
+        assert proc.terminate() == 0
