@@ -16,13 +16,18 @@ Prints a table of:
   once the measured processes are quiet, ``await_quiet``), back to back (no pause) and 4 at
   once; each bar is the ratio of the pooled p50s (one interpreter's own speed varies by a
   fifth between processes, see ``inprocess_runner``), each pair's ratio is printed too;
-- for the quiet and back-to-back modes, the lowest ratio the run's own parts allow (the
-  run's *floor*): the in-process run plus what no blocking run through the sidecar can skip,
+- for the quiet and back-to-back modes, the lowest like-for-like ratio (below) the run's own
+  parts allow (the run's *floor*): the in-process run holding crewai's outputs file open plus
+  what no blocking run through the sidecar can skip,
   each measured in the same pair and mode: one request and answer on the same kept-alive
   mutual-TLS connection (an exact repeat of a finished run: the sidecar answers it from the
   journal, no commit, no worker), two durable commits (admission and outcome: two raw
   append + fsync in the state directory's filesystem) and one round trip to another process
   (the job's hand-off to its worker and the result frame back: a socketpair echo);
+- for the same two modes, the like-for-like ratio (no bar): the sidecar keeps crewai's
+  kickoff-outputs file open (``crewai_outputs_holder``), which makes crewai's own writes of a
+  kickoff cheaper than in a plain process, so a third interpreter in each pair runs the crew
+  holding that file open too; sidecar / that run is the sidecar's own overhead;
 - the sidecar's answer under load: an exact repeat's latency while three streams of blocking
   runs keep the workers busy, for workers at the default ``CREWFENCE_WORKER_NICE`` against
   workers at the sidecar's own priority (0), the two sidecars loaded in turn;
@@ -608,36 +613,46 @@ class RunBench:
         }
         runner = await InProcessRunner.start(self.crews, self.base / f"inproc{k}-crewai",
                                              registry=REGISTRY)
+        held = await InProcessRunner.start(self.crews, self.base / f"held{k}-crewai",
+                                           registry=REGISTRY, hold_outputs=True)
         try:
             await runner.ready()
+            await held.ready()
             for p in procs.values():
                 wait_listening(p)
-            roots = [*(p.proc.pid for p in procs.values()), runner.pid, os.getpid(),
+            roots = [*(p.proc.pid for p in procs.values()), runner.pid, held.pid, os.getpid(),
                      self.floor.echo.proc.pid]
             async with aiohttp.ClientSession(
                     connector=aiohttp.TCPConnector(ssl=self.ctx)) as s:
                 for kind, crew_id in RUN_KINDS:
                     side = PairSide(s, f"https://127.0.0.1:{procs[kind].port}", crew_id,
                                     f"{kind}{k}")
-                    self._add(kind, await self._modes(side, runner, roots,
+                    self._add(kind, await self._modes(side, runner, held, roots,
                                                       sidecar_first=k % 2 == 0))
         finally:
             for p in procs.values():
                 p.stop()
             await runner.close()
+            await held.close()
 
-    async def _modes(self, side: PairSide, runner: Any, roots: list[int], *,
+    async def _modes(self, side: PairSide, runner: Any, held: Any, roots: list[int], *,
                      sidecar_first: bool) -> PairSamples:
-        """One pair's samples of one crew, each mode's floor parts beside its runs."""
+        """One pair's samples of one crew, each mode's floor parts beside its runs, and for
+        the quiet and back-to-back runs those of the in-process runner that holds crewai's
+        outputs file open as the sidecar does (``held``: the like-for-like figure)."""
         crew_id, runs = side.crew_id, self.runs
         await side.four("warm")  # opens the four kept-alive connections, warms the workers
         await runner.run("warm", crew_id)
+        await held.run("warm", crew_id)
         quiet: tuple[list[float], list[float]] = ([], [])
+        like: dict[str, list[float]] = {"quiet": [], "b2b": []}
         for i in range(runs):
             await await_quiet(roots)
             quiet[0].append(await side.run(f"q{i}"))
             await await_quiet(roots)
             quiet[1].append(await runner.run(f"topic q{i}", crew_id))
+            await await_quiet(roots)
+            like["quiet"].append(await held.run(f"topic q{i}", crew_id))
         floors = {"quiet": await self.floor.sample(lambda: side.run("q0"), roots,
                                                    max(2, runs // 2))}
         b2b: tuple[list[float], list[float]] = ([], [])
@@ -649,6 +664,9 @@ class RunBench:
                 b2b[0 if sidecar else 1].append(await side.run(f"b{i}") if sidecar
                                                 else await runner.run(f"topic b{i}", crew_id))
         await await_quiet(roots)
+        for i in range(runs):
+            like["b2b"].append(await held.run(f"topic b{i}", crew_id))
+        await await_quiet(roots)
         floors["b2b"] = await self.floor.sample(lambda: side.run("b0"), None, runs)
         for sidecar in order:
             await await_quiet(roots)
@@ -656,7 +674,7 @@ class RunBench:
                 conc4[0 if sidecar else 1].extend(await side.four(f"c{i}") if sidecar
                                                   else await runner.run4(f"topic c{i}",
                                                                          crew_id))
-        return PairSamples({"quiet": quiet, "b2b": b2b, "conc4": conc4}, floors)
+        return PairSamples({"quiet": quiet, "b2b": b2b, "conc4": conc4}, floors, like)
 
     def _add(self, kind: str, got: PairSamples) -> None:
         for mode, (side, inproc) in got.modes.items():
@@ -667,6 +685,8 @@ class RunBench:
         for mode, parts in got.floors.items():
             for name, values in parts.items():
                 self.samples.setdefault(f"{kind}_{mode}_floor_{name}", []).extend(values)
+        for mode, values in got.like.items():
+            self.samples.setdefault(f"{kind}_{mode}_inproc_held", []).extend(values)
 
     def figures(self, pairs: int) -> dict[str, Any]:
         out: dict[str, Any] = {"run_pairs": pairs, "run_runs_per_pair": self.runs,
@@ -680,10 +700,13 @@ class RunBench:
                 out[f"run_{key}_ratio"] = pct(side, 50) / pct(inproc, 50)
                 out[f"run_{key}_pair_ratios"] = self.per_pair[key]
                 if mode in FLOOR_MODES:
+                    like = pct(self.samples[f"{key}_inproc_held"], 50)
+                    out[f"run_{key}_inproc_held_p50"] = like
+                    out[f"run_{key}_ratio_like_for_like"] = pct(side, 50) / like
                     parts = {name: pct(self.samples[f"{key}_floor_{name}"], 50)
                              for name in FLOOR_PARTS}
                     out.update({f"run_{key}_floor_{name}_p50": v for name, v in parts.items()})
-                    out[f"run_{key}_floor_ratio"] = floor_ratio(pct(inproc, 50), parts)
+                    out[f"run_{key}_floor_ratio"] = floor_ratio(like, parts)
         return out
 
 
@@ -695,6 +718,9 @@ class PairSamples:
     """``{mode: (sidecar, in-process)}``"""
     floors: dict[str, dict[str, list[float]]]
     """``{mode: {part: samples}}`` for the :data:`FLOOR_MODES`"""
+    like: dict[str, list[float]]
+    """``{mode: samples}`` of the in-process runner holding crewai's outputs file open, for
+    the :data:`FLOOR_MODES`"""
 
 
 async def bench_worker_start(crews: Path, n: int) -> dict[str, Any]:
@@ -908,11 +934,16 @@ def _rows_run(r: dict[str, Any]) -> tuple[list[tuple[str, str, str, str]], bool]
                          f"ratio {ratio:.2f}x (bar <= {bar}x); {MODE_NOTES[mode]}; pairs "
                          + " ".join(f"{x:.2f}" for x in r[f"{key}_pair_ratios"])))
             if mode in FLOOR_MODES:
+                rows.append((f"  like for like, {kind} {mode}",
+                             f"{r[f'{key}_ratio_like_for_like']:.2f}x",
+                             f"in-process {ms(r[f'{key}_inproc_held_p50'])}",
+                             "the in-process run holds crewai's outputs file open too, as the "
+                             "sidecar does: the sidecar's own overhead (no bar)"))
                 rows.append((f"  floor, {kind} {mode}", f"{r[f'{key}_floor_ratio']:.2f}x",
                              f"request {ms(r[f'{key}_floor_repeat_p50'])}",
                              f"+ 2 x {ms(r[f'{key}_floor_fsync_p50'])} fsync + process round "
-                             f"trip {ms(r[f'{key}_floor_hop_p50'])} over in-process: the lowest "
-                             "ratio this run's parts allow"))
+                             f"trip {ms(r[f'{key}_floor_hop_p50'])} over the like-for-like "
+                             "in-process run: the lowest such ratio this run's parts allow"))
     rows.append(("  run samples", f"{r['run_pairs']} pairs", f"x {r['run_runs_per_pair']} runs",
                  f"conc4: {r['run_conc4_rounds']} rounds of 4 per pair; p50s pooled"))
     return rows, ok

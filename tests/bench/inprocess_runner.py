@@ -16,6 +16,9 @@ the figure); for ``run4 <crew_id> <topic>`` it does that four times at once (one
 ``asyncio.gather``: what one in-process sidecar does with four concurrent jobs) and prints
 the four durations on one line; ``quit`` or end of input ends it.
 
+With ``--hold-outputs`` it keeps crewai's kickoff-outputs file open as the sidecar does
+(``crewai_outputs_holder``), so that crewai's own writes cost the same on both sides.
+
 The crews are ``bench_sidecar.CREWS`` (``research``) and, with ``--registry``, the registry
 crews of that ``module:attribute`` (``bench_registry``), loaded by the sidecar's own
 ``CrewCatalog``.
@@ -45,12 +48,16 @@ class InProcessRunner:
         return self.proc.pid
 
     @classmethod
-    async def start(cls, crews: Path, storage_dir: Path,
-                    registry: str | None = None) -> InProcessRunner:
+    async def start(cls, crews: Path, storage_dir: Path, registry: str | None = None, *,
+                    hold_outputs: bool = False) -> InProcessRunner:
+        """``hold_outputs``: the runner keeps crewai's kickoff-outputs file open as the sidecar
+        does (``crewai_outputs_holder``), for a like-for-like figure."""
         env = {**os.environ, "CREWAI_STORAGE_DIR": str(storage_dir),
                "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parent),
                                               os.environ.get("PYTHONPATH", "")])}
         extra = ["--registry", registry] if registry else []
+        if hold_outputs:
+            extra.append("--hold-outputs")
         proc = await asyncio.create_subprocess_exec(
             sys.executable, __file__, str(crews), *extra, env=env,
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
@@ -98,10 +105,17 @@ async def _timed(catalog: Any, crew_id: str, topic: str) -> float:
     return time.perf_counter() - t
 
 
-async def _serve(crews: Path, registry: str | None) -> None:
+async def _serve(crews: Path, registry: str | None, hold_outputs: bool) -> None:
     from crewfence_sidecar.crews import CrewCatalog
 
     catalog = CrewCatalog.load(registry, crews)
+    held = None
+    if hold_outputs:
+        from crewfence_sidecar.crewai_outputs_holder import hold
+
+        held = hold()
+        if held is None:
+            raise SystemExit("crewai's outputs file could not be held open")
     for crew_id in catalog.crew_ids():
         await _timed(catalog, crew_id, "warm")
     print(f"ready {os.getpid()}", flush=True)
@@ -122,4 +136,4 @@ async def _serve(crews: Path, registry: str | None) -> None:
 if __name__ == "__main__":
     args = sys.argv[1:]
     registry_arg = args[args.index("--registry") + 1] if "--registry" in args else None
-    asyncio.run(_serve(Path(args[0]), registry_arg))
+    asyncio.run(_serve(Path(args[0]), registry_arg, "--hold-outputs" in args))
