@@ -28,6 +28,9 @@ log = logging.getLogger(__name__)
 
 OUTPUTS_FILE = "latest_kickoff_task_outputs.db"
 """crewai's file name (``KickoffTaskOutputsSQLiteStorage``)."""
+BUSY_SECONDS = 1.0
+"""How long the start waits for a file another process is writing; then it is not held (the
+sidecar's start is never held up by an optimisation)."""
 
 
 def outputs_path() -> Path:
@@ -44,8 +47,7 @@ def hold(path: Path | None = None) -> sqlite3.Connection | None:
     conn: sqlite3.Connection | None = None
     try:
         target = path if path is not None else outputs_path()
-        conn = sqlite3.connect(target, timeout=30, isolation_level=None,
-                               check_same_thread=False)
+        conn = sqlite3.connect(target, timeout=BUSY_SECONDS, isolation_level=None)
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("SELECT count(*) FROM sqlite_master").fetchone()  # opens the WAL index
     except (OSError, sqlite3.Error) as exc:

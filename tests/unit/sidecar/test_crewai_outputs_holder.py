@@ -73,6 +73,20 @@ def test_a_file_that_cannot_be_opened_is_not_held(tmp_path: Path,
     assert "not held open" in caplog.text
 
 
+def test_a_file_busy_at_start_is_not_held(tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file another process is writing (an exclusive lock here) is not held, and the start
+    goes on: it waits ``BUSY_SECONDS`` for it, no more."""
+    monkeypatch.setattr(crewai_outputs_holder, "BUSY_SECONDS", 0.05)
+    db = tmp_path / OUTPUTS_FILE
+    with closing(sqlite3.connect(db, isolation_level=None)) as writer:
+        writer.execute("PRAGMA locking_mode=EXCLUSIVE")
+        writer.execute("CREATE TABLE t (x)")
+        writer.execute("BEGIN EXCLUSIVE")
+        assert hold(db) is None
+        writer.execute("COMMIT")
+
+
 def test_by_default_it_holds_the_file_crewai_uses(tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CREWAI_STORAGE_DIR", str(tmp_path / "crewai"))
