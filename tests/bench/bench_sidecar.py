@@ -27,7 +27,8 @@ Prints a table of:
 - for the same two modes, the like-for-like ratio (no bar): the sidecar keeps crewai's
   kickoff-outputs file open (``crewai_outputs_holder``), which makes crewai's own writes of a
   kickoff cheaper than in a plain process, so a third interpreter in each pair runs the crew
-  holding that file open too; sidecar / that run is the sidecar's own overhead;
+  holding that file open too; sidecar / that run is the sidecar's own overhead (the three
+  back-to-back blocks of a pair take turns in each place, rotated by pair);
 - the sidecar's answer under load: an exact repeat's latency while three streams of blocking
   runs keep the workers busy, for workers at the default ``CREWFENCE_WORKER_NICE`` against
   workers at the sidecar's own priority (0), the two sidecars loaded in turn;
@@ -627,8 +628,7 @@ class RunBench:
                 for kind, crew_id in RUN_KINDS:
                     side = PairSide(s, f"https://127.0.0.1:{procs[kind].port}", crew_id,
                                     f"{kind}{k}")
-                    self._add(kind, await self._modes(side, runner, held, roots,
-                                                      sidecar_first=k % 2 == 0))
+                    self._add(kind, await self._modes(side, runner, held, roots, pair=k))
         finally:
             for p in procs.values():
                 p.stop()
@@ -636,7 +636,7 @@ class RunBench:
             await held.close()
 
     async def _modes(self, side: PairSide, runner: Any, held: Any, roots: list[int], *,
-                     sidecar_first: bool) -> PairSamples:
+                     pair: int) -> PairSamples:
         """One pair's samples of one crew, each mode's floor parts beside its runs, and for
         the quiet and back-to-back runs those of the in-process runner that holds crewai's
         outputs file open as the sidecar does (``held``: the like-for-like figure)."""
@@ -657,16 +657,22 @@ class RunBench:
                                                    max(2, runs // 2))}
         b2b: tuple[list[float], list[float]] = ([], [])
         conc4: tuple[list[float], list[float]] = ([], [])
-        order = (True, False) if sidecar_first else (False, True)
-        for sidecar in order:
+        # the three back-to-back blocks in turn, rotated by pair: each takes each place
+        blocks: dict[str, tuple[list[float], Callable[[str], Awaitable[float]]]] = {
+            "sidecar": (b2b[0], side.run),
+            "inproc": (b2b[1], lambda name: runner.run(f"topic {name}", crew_id)),
+            "held": (like["b2b"], lambda name: held.run(f"topic {name}", crew_id)),
+        }
+        names = list(blocks)
+        names = names[pair % 3:] + names[:pair % 3]
+        for name in names:
+            samples, run = blocks[name]
             await await_quiet(roots)
             for i in range(runs):
-                b2b[0 if sidecar else 1].append(await side.run(f"b{i}") if sidecar
-                                                else await runner.run(f"topic b{i}", crew_id))
+                samples.append(await run(f"b{i}"))
         await await_quiet(roots)
-        for i in range(runs):
-            like["b2b"].append(await held.run(f"topic b{i}", crew_id))
-        await await_quiet(roots)
+        sidecar_first = names.index("sidecar") < names.index("inproc")
+        order = (True, False) if sidecar_first else (False, True)
         floors["b2b"] = await self.floor.sample(lambda: side.run("b0"), None, runs)
         for sidecar in order:
             await await_quiet(roots)
