@@ -16,7 +16,7 @@ from crewfence_operator import constants as c
 from crewfence_operator import kube
 from crewfence_operator.crew.adoption import adoption_patch, is_orphan
 from crewfence_operator.crew.identity import CrewRef, parse_ordinal, state_claim_labels
-from crewfence_operator.crew.pod import PodSettings, pod_claims, replica_pod
+from crewfence_operator.crew.pod import PodSettings, replica_pod
 from crewfence_operator.crew.resources import (
     claim_for_ordinal,
     crews_configmap,
@@ -54,19 +54,28 @@ def pod_index_entry(body: Mapping[str, Any]) -> dict[str, dict[str, Any]] | None
 
     Indexed: the operator's replica pods, and any pod that mounts a PersistentVolumeClaim (the
     shared-state audit looks for foreign pods on state claims). Kept: metadata without managed
-    fields, the claim volumes, and status (phase, podIP, conditions).
+    fields, the claim volumes under their own names, and status (phase, podIP, conditions).
+
+    Invariant (the claim a replica lists is the one its pod mounts): the state volume keeps its
+    name, so :func:`~crewfence_operator.crew.pod.mounted_state_claim` reads the indexed pod as
+    it reads the full one. Renamed, the Crew's status listed the claim the spec asks for next
+    to the journal id of a pod that mounts another, and a job read "journal changed".
     """
     meta = body.get("metadata") or {}
     namespace = meta.get("namespace")
     labels = meta.get("labels") or {}
-    claims = pod_claims(dict(body))
-    if not namespace or (labels.get(c.LABEL_MANAGED_BY) != c.MANAGED_BY_VALUE and not claims):
+    claim_volumes = [
+        {"name": v.get("name"), "persistentVolumeClaim": {"claimName": claim}}
+        for v in (body.get("spec") or {}).get("volumes") or ()
+        if isinstance(v, Mapping)
+        and (claim := (v.get("persistentVolumeClaim") or {}).get("claimName"))]
+    if not namespace or (labels.get(c.LABEL_MANAGED_BY) != c.MANAGED_BY_VALUE
+                         and not claim_volumes):
         return None
     status = body.get("status") or {}
     slim = {
         "metadata": {k: v for k, v in meta.items() if k != "managedFields"},
-        "spec": {"volumes": [{"name": f"claim-{i}", "persistentVolumeClaim": {"claimName": n}}
-                             for i, n in enumerate(claims)]},
+        "spec": {"volumes": claim_volumes},
         "status": {k: status[k] for k in ("phase", "podIP", "conditions") if k in status},
     }
     return {str(namespace): slim}

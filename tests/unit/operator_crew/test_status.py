@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from crewfence_operator.crew.children import pod_index_entry
 from crewfence_operator.crew.status import (
     CrewObservation,
     Health,
@@ -61,6 +62,21 @@ def test_a_replica_lists_the_claim_its_pod_mounts_next_to_that_pods_journal_id()
                                                    _mounting("team-state"), HEALTH)]))
     assert (current["replicas"][0]["claim"], current["replicas"][0]["ready"]) == \
         ("team-state", True)
+
+
+def test_a_replica_read_from_the_pod_index_lists_the_claim_its_pod_mounts() -> None:
+    """The operator reads pods from its index, not whole: the slim pod must still say which
+    claim is the state volume. Renamed volumes made every replica list the claim the spec asks
+    for next to the journal id of a pod mounting another one (a job then ended JournalLost)."""
+    pod = {**_mounting("r-state-0"), "metadata": {
+        "name": "r-0", "namespace": "team-a", "labels": {"app.kubernetes.io/managed-by":
+                                                         "crewfence"}}}
+    indexed = pod_index_entry(pod)
+    assert indexed is not None
+    status = crew_status(_obs([ReplicaObservation(0, "r-0", "team-state", indexed["team-a"],
+                                                  HEALTH)]))
+    (entry,) = status["replicas"]
+    assert (entry["claim"], entry["journalId"], entry["ready"]) == ("r-state-0", "jid", False)
 
 
 def test_not_ready_without_health_or_pod() -> None:
