@@ -36,9 +36,8 @@ HEADERS = {"Authorization": "Bearer x", "Idempotency-Key": "k", "Prefer": "respo
 
 def serve(base: Path, port_file: Path) -> None:
     from aiohttp import web
-    from bench_sidecar import build_journal
-    from crewfence_sidecar.contract import JobRecord, Status
-    from crewfence_sidecar.journal import Journal, JournalLimits, utc_now
+    from bench_sidecar import build_journal, timed_admit
+    from crewfence_sidecar.journal import Journal, JournalLimits
 
     build_journal(base / "journal.db", 9999, 2)
     journal = Journal.open(base / "journal.db", JournalLimits(max_retained_runs=1_000_000))
@@ -48,13 +47,7 @@ def serve(base: Path, port_file: Path) -> None:
 
     def one_admit() -> float:
         count[0] += 1
-        now = utc_now()
-        record = JobRecord(action_id=f"floor-{count[0]}", crew_id="research", operation="run",
-                           request_hash="0" * 64, status=Status.RUNNING, event_count=0,
-                           created_at=now, updated_at=now)
-        t = time.perf_counter()
-        journal.admit(record, {"operation": "run", "timeout_ms": 1000})
-        return time.perf_counter() - t
+        return timed_admit(journal, f"floor-{count[0]}")
 
     async def empty(request: web.Request) -> web.Response:
         await request.read()
