@@ -19,7 +19,6 @@ from fake_cluster import FAST_RUNNER, FakeCluster, crew_obj, crewjob_body, repli
 from faulty_sidecar import Fault, FaultySidecar
 
 ACTION = "team-a/job-1"
-FAST = FAST_RUNNER
 
 
 @pytest.fixture
@@ -40,7 +39,7 @@ class Harness:
     def __init__(self, cluster: FakeCluster, body: dict[str, Any]) -> None:
         self.cluster = cluster
         self.body = body
-        self.rt = Runtime(settings=FAST, io=cluster)
+        self.rt = Runtime(settings=FAST_RUNNER, io=cluster)
         self.driver = JobDriver(body, self.rt)
         self.task: asyncio.Task[None] | None = None
 

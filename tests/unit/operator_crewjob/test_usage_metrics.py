@@ -25,7 +25,6 @@ from crewfence_sidecar.contract import EventName, Status
 from fake_cluster import FAST_RUNNER, FakeCluster, crew_obj, crewjob_body, replica_entry
 from faulty_sidecar import Fault, FaultySidecar
 
-FAST = FAST_RUNNER
 CREW = "research"  # crew_obj's and crewjob_body's Crew
 COUNTERS = {  # counter -> the status field it must grow by
     "crewfence_operator_prompt_tokens_total": ("usage", "promptTokens"),
@@ -86,7 +85,7 @@ async def run_to_the_end(driver: JobDriver, timeout: float = 10.0) -> None:
 
 async def start_a_job_with_calls_in_doubt(
         namespace: str, sc: FaultySidecar, cluster: FakeCluster,
-        settings: RunnerSettings = FAST) -> tuple[JobDriver, asyncio.Task[None]]:
+        settings: RunnerSettings = FAST_RUNNER) -> tuple[JobDriver, asyncio.Task[None]]:
     """Admit, then the record's run: two model calls, three tool calls of which the last two
     never finished; the sidecar restarted under them (failed, uncertain). Returns the driver
     and its task, which goes on to the terminal patch."""
@@ -165,7 +164,7 @@ async def test_a_finished_crewjob_seen_again_counts_nothing_more(
     await run_to_the_end(again)
     # a new operator process: a fresh runtime, the body as the API server has it now
     await run_to_the_end(JobDriver(body_in(namespace, status),
-                                   Runtime(settings=FAST, io=cluster)))
+                                   Runtime(settings=FAST_RUNNER, io=cluster)))
 
     assert counters(namespace) == counted
     assert len(cluster.patches) == patches  # nothing written either
@@ -183,7 +182,7 @@ async def test_a_driver_stopped_while_it_marks_the_record_has_counted_already(
     before = counters(namespace)
     cluster = FakeCluster(crew=crew_obj(replica_entry(0, sidecar.address, "journal-0")))
     sidecar.inject("recorded", Fault("stall"))
-    patient = replace(FAST, timeouts=replace(FAST.timeouts, read=30.0))
+    patient = replace(FAST_RUNNER, timeouts=replace(FAST_RUNNER.timeouts, read=30.0))
     _, task = await start_a_job_with_calls_in_doubt(namespace, sidecar, cluster, patient)
     for _ in range(1000):
         if task.done() or any(p.endswith("/recorded") for _, p in sidecar.requests):
@@ -221,7 +220,7 @@ async def test_a_finished_crewjob_deleted_and_reapplied_counts_nothing_more(
     reapplied = body_in(namespace)
     reapplied["metadata"]["uid"] = "uid-job-1-reapplied"
     cluster.statuses.pop("job-1", None)  # the deleted object's status went with it
-    await run_to_the_end(JobDriver(reapplied, Runtime(settings=FAST, io=cluster)))
+    await run_to_the_end(JobDriver(reapplied, Runtime(settings=FAST_RUNNER, io=cluster)))
 
     again = cluster.statuses["job-1"]
     assert (again["phase"], again["reason"]) == (first["phase"], first["reason"])
