@@ -27,6 +27,10 @@ ARCHIVE_CONFIRMATION_HEADER: Final = "X-AIP-Archive-Confirmation"
 PREFER_HEADER: Final = "Prefer"
 PREFER_ASYNC: Final = "respond-async"
 JOURNAL_ID_HEADER: Final = "X-Crewfence-Journal-Id"
+EXPECTED_JOURNAL_ID_HEADER: Final = "X-Crewfence-Expected-Journal-Id"
+"""On an admission (``POST /jobs``, ``POST /jobs/stream``): the journal the client assigned the
+action to. A sidecar serving another journal admits nothing and answers 412
+:data:`JOURNAL_MISMATCH_CODE` (optional: a request without it is admitted as before)."""
 EXACT_REPEAT_HEADER: Final = "X-Crewfence-Exact-Repeat"
 
 # --- administrative routes (crewfence extensions; bearer auth like every job route) ----------
@@ -35,6 +39,8 @@ BULK_ARCHIVE_PATH: Final = "/admin/archive"
 TOMBSTONES_PATH: Final = "/admin/tombstones"
 MAX_TOMBSTONES_PER_PAGE: Final = 500
 DRAINING_CODE: Final = "draining"
+JOURNAL_MISMATCH_CODE: Final = "journal_mismatch"
+"""The ``code`` of the 412 answered to an admission that expects another journal."""
 """The ``code`` of the 503 a draining sidecar answers to a new admission."""
 DRAINING_RETRY_AFTER_SECONDS: Final = 30
 BULK_ARCHIVE_CONFIRMATION_PREFIX: Final = "older-than:"

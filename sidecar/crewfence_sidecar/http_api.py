@@ -24,8 +24,10 @@ from crewfence_sidecar.contract import (
     DRAINING_CODE,
     DRAINING_RETRY_AFTER_SECONDS,
     EXACT_REPEAT_HEADER,
+    EXPECTED_JOURNAL_ID_HEADER,
     IDEMPOTENCY_KEY_HEADER,
     JOURNAL_ID_HEADER,
+    JOURNAL_MISMATCH_CODE,
     MAX_BODY_BYTES,
     PREFER_ASYNC,
     PREFER_HEADER,
@@ -212,7 +214,28 @@ def _unavailable(exc: JournalUnavailable) -> web.Response:
     return _error(507, code, str(exc))
 
 
+def _journal_mismatch(request: web.Request) -> web.Response | None:
+    """412 when the admission expects another journal than this one, else None.
+
+    Invariant (an action is admitted only into the journal it was assigned to): the client
+    names the journal it chose (``X-Crewfence-Expected-Journal-Id``); an address that now
+    reaches another journal (a replaced pod on a renamed or re-created claim, a reused pod IP)
+    admits nothing, so one action never runs in a journal its client is not watching.
+    """
+    expected = request.headers.get(EXPECTED_JOURNAL_ID_HEADER)
+    journal_id = _runtime(request).journal.journal_id
+    if expected is None or expected == journal_id:
+        return None
+    message = (f"this sidecar serves journal {journal_id}, not {expected[:64]}; nothing was "
+               "admitted")
+    return _json(412, error_body(JOURNAL_MISMATCH_CODE, message, journal_id=journal_id),
+                 {JOURNAL_ID_HEADER: journal_id})
+
+
 async def _admit(request: web.Request) -> tuple[Admission, StartRequest] | web.Response:
+    mismatch = _journal_mismatch(request)
+    if mismatch is not None:
+        return mismatch
     body = await _read_json(request)
     req = parse_start_request(body)
     try:

@@ -262,6 +262,8 @@ class Admit:
     """POST the admission to this replica (its assignment is already in status)."""
 
     replica: Replica
+    journal_id: str | None = None
+    """The assigned journal: a sidecar serving another one admits nothing (412)."""
 
 
 @dataclass(frozen=True)
@@ -631,7 +633,7 @@ def _before_admission(ctx: _Ctx) -> Decision:
              "progress": ctx.mem.progress.to_status()}
     patch = ctx.working(Phase.RUNNING, Reason.DISPATCHED,
                         f"dispatched to replica {replica.label}", extra=extra)
-    return ctx.decision(Admit(replica), patch)
+    return ctx.decision(Admit(replica, assignment.journal_id), patch)
 
 
 def _pinned(ctx: _Ctx, eligible: list[Replica],
@@ -830,6 +832,27 @@ def _journal_lost(ctx: _Ctx, a: Assignment, current: str | None) -> Decision:
         "action's record is lost"))
 
 
+def _another_journal_answered(ctx: _Ctx, a: Assignment, replica: Replica,
+                              what: str) -> Decision:
+    """I4: an answer at the replica's address came from another journal than the assigned one,
+    while the Crew's entry for the replica (the claim its pod mounts and that pod's journal id:
+    one pod's facts) still lists the assigned journal, or none.
+
+    Invariant (a lost journal is decided from the Crew's entry alone): one answer at an
+    address is no evidence that the assigned journal is gone; the address may reach a replaced
+    pod on a renamed claim, or a reused pod IP, while the assigned claim lives on. So nothing
+    is decided here and the job waits; ``_assigned`` ends it JournalLost once the entry shows
+    another journal on the assigned claim, and waits while the claim lives on elsewhere. An
+    admission is never sent anywhere else meanwhile (it names its journal: 412 elsewhere).
+    """
+    failures = ctx.mem.failures + 1
+    return ctx.wait(ctx.settings.backoff(failures), Phase.RUNNING, Reason.REPLICA_UNAVAILABLE,
+                    f"replica {replica.label} {what}, not from the assigned journal "
+                    f"{a.journal_id} that the Crew still lists for claim {a.claim or '?'}; "
+                    "waiting for the Crew's status to show which journal the replica serves "
+                    "(never moved to another replica)", failures=failures)
+
+
 def _within_settle(ctx: _Ctx) -> bool:
     """I1/I3: an admission POST sent for this assignment may still land."""
     since = ctx.known.assigned_at
@@ -849,6 +872,8 @@ def _after_admission(ctx: _Ctx, a: Assignment, replica: Replica,
     exc = answer
     ctx.mem = replace(ctx.mem, admission=None, lookup=None)
     failures = ctx.mem.failures + 1
+    if exc.code == contract.JOURNAL_MISMATCH_CODE:
+        return _another_journal_answered(ctx, a, replica, "admitted nothing")
     if exc.category is FailureCategory.TRANSPORT and not exc.uncertain:
         return ctx.wait(s.backoff(failures), Phase.RUNNING, Reason.REPLICA_UNAVAILABLE,
                         f"replica {replica.label} refused the connection; nothing was sent",
@@ -935,7 +960,9 @@ def _after_stream(ctx: _Ctx, a: Assignment, replica: Replica,
 def _after_lookup(ctx: _Ctx, a: Assignment, replica: Replica, lookup: Lookup) -> Decision:
     s, spec = ctx.settings, ctx.spec
     if journal_changed(a.journal_id, lookup.journal_id):
-        return _journal_lost(ctx, a, lookup.journal_id)
+        ctx.mem = replace(ctx.mem, lookup=None)
+        return _another_journal_answered(ctx, a, replica,
+                                         f"answered from journal {lookup.journal_id}")
     ctx.mem = replace(ctx.mem, failures=0)
     if lookup.record is None and lookup.tombstone is not None:
         return ctx.finish(_archived(lookup))
@@ -1020,7 +1047,7 @@ def _not_known(ctx: _Ctx, a: Assignment, replica: Replica) -> Decision:
                         f"assigned replica {replica.label} is not ready for the admission; "
                         "waiting (never moved)", failures=ctx.mem.failures + 1)
     # (Re-)send the exact same request to the same journal: reconciliation, not retry.
-    return ctx.decision(Admit(replica))
+    return ctx.decision(Admit(replica, a.journal_id))
 
 
 # --- deletion ------------------------------------------------------------------------------------

@@ -315,7 +315,8 @@ class JobDriver:
         assert isinstance(self.spec, JobSpec)
         client = await self.client(step.replica)
         try:
-            admission = await client.start(self.spec.start_request(), self.spec.idempotency_key)
+            admission = await client.start(self.spec.start_request(), self.spec.idempotency_key,
+                                           step.journal_id)
         except SidecarFailure as exc:
             metrics.observe_sidecar_failure(exc.category.value)
             self._remember(replace(self.memory, admission=exc))

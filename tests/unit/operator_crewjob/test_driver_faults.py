@@ -187,11 +187,18 @@ async def test_a_replica_refusing_our_token_on_the_probe_blocks_admission(
 
 async def test_changed_journal_id_ends_journal_lost(
         sidecars: list[FaultySidecar], harness_factory: Callable[..., Harness]) -> None:
+    """The sidecar answers from a new journal: the job waits while the Crew still lists the
+    assigned one (an answer at an address is no proof), and ends JournalLost once the Crew's
+    entry shows the new journal on the same claim."""
     sc = sidecars[0]
-    h = harness_factory(FakeCluster(crew=one_replica(sc)))
+    cluster = FakeCluster(crew=one_replica(sc))
+    h = harness_factory(cluster)
     h.start()
     await h.until(lambda: sc.admissions[ACTION] == 1)
     await sc.restart(lose_journal=True, journal_id="journal-0b")
+    await h.until(lambda: "not from the assigned journal" in str(h.status.get("message")))
+    assert (h.status["phase"], h.status["reason"]) == ("Running", "ReplicaUnavailable")
+    cluster.crew = one_replica(sc)
     status = await h.finished()
     assert (status["phase"], status["reason"], status["uncertainOutcome"]) == (
         "Failed", "JournalLost", True)

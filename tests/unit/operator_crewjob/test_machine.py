@@ -106,6 +106,7 @@ def test_all_unknown_admits_on_the_rendezvous_choice_with_the_assignment_in_the_
     assert a["ordinal"] == d.step.replica.ordinal
     assert a["journalId"] == f"j{a['ordinal']}" and a["assignedAt"] == m.iso(NOW)
     assert d.patch["phase"] == "Running" and d.patch["reason"] == "Dispatched"
+    assert d.step.journal_id == a["journalId"], "the admission names its journal"
 
 
 def test_draining_replicas_are_never_chosen() -> None:
@@ -211,6 +212,7 @@ def test_after_a_lost_answer_the_assigned_replica_is_asked_and_only_it_is_readmi
     assert isinstance(d.step, Lookup_) and d.step.replica.ordinal == 0
     d = m.decide(obs(replica(0), replica(1), status=status, memory=Memory(lookup=Lookup())))
     assert isinstance(d.step, Admit) and d.step.replica.ordinal == 0  # exact repeat, same journal
+    assert d.step.journal_id == "j0", "a repeated admission names the assigned journal"
 
 
 def test_lookup_failures_keep_waiting_while_the_replica_exists() -> None:
@@ -226,6 +228,36 @@ def test_a_record_settles_answer_lost() -> None:
     d = m.decide(obs(replica(0), status=status, memory=Memory(lookup=Lookup(record=record()))))
     assert isinstance(d.step, Follow)
     assert d.patch is not None and d.patch["uncertainOutcome"] is False
+
+
+def test_a_lookup_answered_from_another_journal_waits_while_the_crew_lists_the_assigned_one(
+) -> None:
+    """I4: the address may reach a replaced pod on a renamed claim (or a reused pod IP): one
+    answer proves nothing about the assigned journal. Only the Crew's entry decides."""
+    answer = Memory(lookup=Lookup(journal_id="j-new"))
+    d = m.decide(obs(replica(0), status=assigned(), memory=answer))
+    assert isinstance(d.step, Wait) and d.patch is not None
+    assert (d.patch["phase"], d.patch["reason"]) == ("Running", "ReplicaUnavailable")
+    assert "not from the assigned journal j0" in d.patch["message"]
+    assert d.memory.lookup is None, "the next pass asks again"
+    lost = m.decide(obs(replica(0, journal="j-new"), status=assigned(), memory=d.memory))
+    assert isinstance(lost.step, Finish) and lost.step.verdict.reason is Reason.JOURNAL_LOST
+    elsewhere = Replica(ordinal=0, pod="research-0", claim="team-state", address="10.0.0.9:8090",
+                        journal_id="j-new", ready=True, fenced=False, state=ReplicaState.ACTIVE)
+    moved = m.decide(obs(elsewhere, status=assigned(), memory=d.memory, claim_exists=True))
+    assert isinstance(moved.step, Wait) and moved.patch is not None
+    assert "no longer serves the assigned claim state-0" in moved.patch["message"]
+
+
+def test_an_admission_refused_by_another_journal_waits_and_is_never_sent_elsewhere() -> None:
+    """412 journal_mismatch: the address reaches another journal, which admitted nothing."""
+    refused = SidecarFailure(FailureCategory.PERMANENT, "journal_mismatch", "other journal", 412)
+    d = m.decide(obs(replica(0), replica(1), status=assigned(),
+                     memory=Memory(admission=refused)))
+    assert isinstance(d.step, Wait) and d.patch is not None
+    assert (d.patch["phase"], d.patch["reason"]) == ("Running", "ReplicaUnavailable")
+    assert "admitted nothing" in d.patch["message"] and d.patch.get("assignment") is None
+    assert not d.patch.get("uncertainOutcome")
 
 
 def test_admission_answer_with_another_journal_is_journal_lost() -> None:
