@@ -112,6 +112,9 @@ class SidecarConfig:
     tls_key_file: Path | None = None
     tls_client_ca_file: Path | None = None
     insecure_plaintext: bool = False
+    pod_uid: str | None = None
+    """The pod's uid (``CREWFENCE_POD_UID``, the downward API's ``metadata.uid``): named in
+    /health so a client can tell which pod answered at an address."""
 
     @property
     def authenticated(self) -> bool:
@@ -314,6 +317,10 @@ def load_config(argv: Sequence[str] | None = None,
     if log_level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise ConfigError("CREWFENCE_LOG_LEVEL must be DEBUG, INFO, WARNING or ERROR")
 
+    pod_uid = env.get("CREWFENCE_POD_UID") or None
+    if pod_uid is not None and (len(pod_uid) > 128 or not pod_uid.isprintable()):
+        raise ConfigError("CREWFENCE_POD_UID must be at most 128 printable characters")
+
     tls_files = _tls_files(args, env)
     plaintext = _flag_bool(_pick(args.insecure_plaintext, env, "CREWFENCE_INSECURE_PLAINTEXT"),
                            "CREWFENCE_INSECURE_PLAINTEXT")
@@ -335,7 +342,7 @@ def load_config(argv: Sequence[str] | None = None,
         tls_cert_file=tls_files[0] if tls_files else None,
         tls_key_file=tls_files[1] if tls_files else None,
         tls_client_ca_file=tls_files[2] if tls_files else None,
-        insecure_plaintext=plaintext, **bounds,
+        insecure_plaintext=plaintext, pod_uid=pod_uid, **bounds,
     )
 
 

@@ -79,6 +79,8 @@ class ApiSettings:
     """Accepted bearer tokens (a token file re-read on change); default: ``token`` alone."""
     client_certificate_required: bool = False
     """HTTPS with client certificates: every route but /health and /metrics needs one."""
+    pod_uid: str | None = None
+    """This pod's uid, named in /health (None outside a pod: not named)."""
 
 
 RUNTIME_KEY: Final = web.AppKey("runtime", Runtime)
@@ -533,6 +535,7 @@ async def health(request: web.Request) -> web.StreamResponse:
         "max_state_bytes": s.max_state_bytes,
         "journal_over_bounds": [b.to_wire() for b in rt.journal.over_bounds()],
         "authenticated": s.token is not None,
+        **({"pod_uid": s.pod_uid} if s.pod_uid else {}),
         **rt.drain_state().to_wire(),
         **_model_credentials(rt),
     }, {JOURNAL_ID_HEADER: rt.journal.journal_id})

@@ -182,7 +182,8 @@ def build_sidecar(config: SidecarConfig, crews: CrewSet, executor: Executor,
         operations=default_operations(config.allowed_operations),
         durable_journal=config.state_file is not None,
         max_retained_runs=config.max_retained_runs, max_state_bytes=config.max_state_bytes,
-        tokens=token_source(config), client_certificate_required=tls is not None))
+        tokens=token_source(config), client_certificate_required=tls is not None,
+        pod_uid=config.pod_uid))
     return Sidecar(config=config, opened=opened, runtime=runtime, app=app, tls=tls)
 
 

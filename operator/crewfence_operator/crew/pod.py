@@ -50,6 +50,9 @@ def sidecar_env(
     env: list[dict[str, Any]] = [
         {"name": "CREWFENCE_HOST",
          "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "status.podIP"}}},
+        # /health names the pod, so an answer at a reused address is never taken for this one
+        {"name": "CREWFENCE_POD_UID",
+         "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.uid"}}},
         _env("CREWFENCE_PORT", str(port)),
         _env("CREWFENCE_STATE_FILE", c.STATE_FILE),
         # The bearer token comes from the Secret as an environment variable, not as a Secret

@@ -48,6 +48,8 @@ class Health:
     None: the sidecar did not say."""
     over_bounds: tuple[BoundReport, ...] | None = None
     """``journal_over_bounds``: the journal bounds it is at or over; None: did not say."""
+    pod_uid: str | None = None
+    """The uid of the pod that answered; None: the sidecar did not say."""
 
     @classmethod
     def from_wire(cls, body: Mapping[str, Any]) -> Health:
@@ -56,6 +58,7 @@ class Health:
             return value if isinstance(value, int) and not isinstance(value, bool) else None
 
         journal_id = body.get("journal_id")
+        pod_uid = body.get("pod_uid")
         draining = body.get("draining")
         credentials = body.get("model_credentials")
         return cls(
@@ -70,6 +73,7 @@ class Health:
                 {str(k): v for k, v in credentials.items() if isinstance(v, Mapping)}
                 if isinstance(credentials, Mapping) else None),
             over_bounds=reports_from_wire(body.get("journal_over_bounds")),
+            pod_uid=str(pod_uid) if pod_uid else None,
         )
 
 
@@ -96,6 +100,22 @@ class RetainedClaim:
     claim: str
     retained_runs: int | None
     reason: str
+
+
+def health_of_pod(pod: Mapping[str, Any] | None, health: Health | None) -> Health | None:
+    """The health answered at ``pod``'s address, if that pod answered it (else None).
+
+    Invariant (a replica's facts are one pod's facts): the Crew's entry pairs the claim the
+    pod object mounts with the journal id its health names, and every scale-down decision
+    reads them together. An address can reach another pod than the object the operator's pod
+    index still holds (a replaced pod given the same IP before the index sees the change);
+    its answer names another uid and is dropped, as if the replica had not answered. A
+    sidecar that names no pod is taken at its address (an older sidecar).
+    """
+    if health is None or health.pod_uid is None:
+        return health
+    uid = ((pod or {}).get("metadata") or {}).get("uid")
+    return health if uid is None or uid == health.pod_uid else None
 
 
 def pod_is_ready(pod: Mapping[str, Any] | None) -> bool:

@@ -40,6 +40,7 @@ from crewfence_operator.crew.status import (
     Health,
     ReplicaObservation,
     crew_status,
+    health_of_pod,
     pod_address,
     pod_is_ready,
 )
@@ -206,8 +207,8 @@ async def _healths(
         address = pod_address(pod, cfg.sidecar_port)
         if address is None:
             return None
-        return await fetch_health(session, address, token, cfg.health_timeout,
-                                  **(tls(ordinal) if tls else {}))
+        return health_of_pod(pod, await fetch_health(
+            session, address, token, cfg.health_timeout, **(tls(ordinal) if tls else {})))
 
     ordinals = list(pods)
     results = await asyncio.gather(*(one(o, pods[o]) for o in ordinals))

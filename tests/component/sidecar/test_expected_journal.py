@@ -8,6 +8,7 @@ journal answers 412 ``journal_mismatch``, keeps no record, and names its own jou
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -69,3 +70,15 @@ async def test_the_operators_client_reads_the_refusal_as_certain(make_client: An
                                       journal_id=c.sidecar.runtime.journal.journal_id)
         assert admitted.http_status == 202
         assert admitted.journal_id == c.sidecar.runtime.journal.journal_id
+
+
+async def test_health_names_the_pod_the_sidecar_runs_in(make_client: Any,
+                                                       tmp_path: Path) -> None:
+    """The operator drops a health answer whose pod is not the one its index holds."""
+    named = await make_client(CREWFENCE_POD_UID="0f9e-pod-uid")
+    assert (await (await named.get("/health")).json())["pod_uid"] == "0f9e-pod-uid"
+    other = tmp_path / "other"
+    other.mkdir()
+    unnamed = await make_client(CREWFENCE_POD_UID="",
+                                CREWFENCE_STATE_FILE=str(other / "journal.db"))
+    assert "pod_uid" not in await (await unnamed.get("/health")).json()

@@ -66,6 +66,8 @@ def test_pod_env(crew_ref: CrewRef, example_crew: dict[str, Any]) -> None:
     env = _env(replica_pod(crew_ref, spec, 0, PodSettings()))
     assert env["CREWFENCE_HOST"] == {"fieldRef": {"apiVersion": "v1",
                                                   "fieldPath": "status.podIP"}}
+    assert env["CREWFENCE_POD_UID"] == {"fieldRef": {"apiVersion": "v1",
+                                                     "fieldPath": "metadata.uid"}}
     assert env["CREWFENCE_PORT"] == "8090"
     assert env["CREWFENCE_STATE_FILE"].startswith(c.STATE_MOUNT + "/")
     assert env["CREWFENCE_TOKEN"] == {"secretKeyRef": {"name": "research-crewfence-token",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from crewfence_operator.crew.children import pod_index_entry
@@ -12,6 +13,7 @@ from crewfence_operator.crew.status import (
     ReplicaState,
     RetainedClaim,
     crew_status,
+    health_of_pod,
 )
 
 READY_POD: dict[str, Any] = {
@@ -77,6 +79,24 @@ def test_a_replica_read_from_the_pod_index_lists_the_claim_its_pod_mounts() -> N
                                                   HEALTH)]))
     (entry,) = status["replicas"]
     assert (entry["claim"], entry["journalId"], entry["ready"]) == ("r-state-0", "jid", False)
+
+
+def test_a_health_answered_by_another_pod_at_the_address_is_not_the_replicas() -> None:
+    """An address can reach a replaced pod before the pod index shows it: that pod's journal
+    id must not be listed beside the claim the indexed pod mounts."""
+    pod = {**_mounting("r-state-0"), "metadata": {"name": "r-0", "uid": "uid-old"}}
+    other = replace(HEALTH, journal_id="jid-new", pod_uid="uid-new")
+    assert health_of_pod(pod, other) is None
+    same = replace(HEALTH, pod_uid="uid-old")
+    assert health_of_pod(pod, same) is same
+    assert health_of_pod(pod, HEALTH) is HEALTH, "a sidecar naming no pod is taken as before"
+    assert health_of_pod({"metadata": {"name": "r-0"}}, other) is other
+    assert health_of_pod(pod, None) is None
+    status = crew_status(_obs([ReplicaObservation(0, "r-0", "r-state-0", pod,
+                                                  health_of_pod(pod, other))]))
+    (entry,) = status["replicas"]
+    assert "journalId" not in entry and entry["ready"] is False
+    assert Health.from_wire({"status": "ready", "journal_id": "j", "pod_uid": "u"}).pod_uid == "u"
 
 
 def test_not_ready_without_health_or_pod() -> None:

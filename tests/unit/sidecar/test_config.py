@@ -65,6 +65,8 @@ def test_each_bound_is_range_checked(base: dict[str, str], key: str) -> None:
     ({"CREWFENCE_REGISTRY": "nocolon"}, "module:attribute"),
     ({"CREWFENCE_CREWS_FILE": "/nonexistent.yaml"}, "CREWS_FILE"),
     ({"CREWFENCE_EPHEMERAL": "maybe"}, "CREWFENCE_EPHEMERAL"),
+    ({"CREWFENCE_POD_UID": "x" * 129}, "CREWFENCE_POD_UID"),
+    ({"CREWFENCE_POD_UID": "uid\nforged"}, "CREWFENCE_POD_UID"),
 ])
 def test_refusals(base: dict[str, str], env: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match=message) as err:
