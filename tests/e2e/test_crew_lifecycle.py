@@ -92,6 +92,8 @@ def test_crew_gets_children_and_status(
         # the replica's name verified).
         code, text = sidecar_get(entry, "/health", crew_access(cluster, namespace, "research"))
         assert code == 200 and json.loads(text)["journal_id"] == entry["journalId"]
+        # ... and names its pod, so an answer from another pod at this address is dropped
+        assert json.loads(text)["pod_uid"] == pod["metadata"]["uid"]
     assert len(journal_ids) == 2, "each replica has its own journal"
     # The helpers verify the replica's name, not just the CA: replica 1 cannot answer as 0.
     one = next(e for e in status["replicas"] if e["ordinal"] == 1)
