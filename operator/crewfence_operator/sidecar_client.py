@@ -376,16 +376,16 @@ class SidecarClient:
                       journal_id=journal_id)
 
     async def start(self, request: StartRequest, idempotency_key: str,
-                    journal_id: str | None = None) -> Admission:
+                    expected_journal_id: str | None = None) -> Admission:
         """``POST /jobs`` with ``Prefer: respond-async``: 202 (admitted) or 200 (exact repeat).
 
-        ``journal_id``: the journal the action is assigned to; a sidecar serving another one
-        admits nothing (412 ``journal_mismatch``)."""
+        ``expected_journal_id``: the journal the action is assigned to; a sidecar serving
+        another one admits nothing (412 ``journal_mismatch``)."""
         began = time.monotonic()
         headers = {contract.IDEMPOTENCY_KEY_HEADER: idempotency_key,
                    contract.PREFER_HEADER: contract.PREFER_ASYNC}
-        if journal_id:
-            headers[contract.EXPECTED_JOURNAL_ID_HEADER] = journal_id
+        if expected_journal_id:
+            headers[contract.EXPECTED_JOURNAL_ID_HEADER] = expected_journal_id
         status, payload, journal_id = await self._call(
             "POST", self.endpoint.url("/jobs"), limit=MAX_RECORD_BYTES, invocation=True,
             body=request.to_wire(), headers=headers, ok=(200, 201, 202))

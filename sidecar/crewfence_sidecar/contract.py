@@ -39,9 +39,9 @@ BULK_ARCHIVE_PATH: Final = "/admin/archive"
 TOMBSTONES_PATH: Final = "/admin/tombstones"
 MAX_TOMBSTONES_PER_PAGE: Final = 500
 DRAINING_CODE: Final = "draining"
+"""The ``code`` of the 503 a draining sidecar answers to a new admission."""
 JOURNAL_MISMATCH_CODE: Final = "journal_mismatch"
 """The ``code`` of the 412 answered to an admission that expects another journal."""
-"""The ``code`` of the 503 a draining sidecar answers to a new admission."""
 DRAINING_RETRY_AFTER_SECONDS: Final = 30
 BULK_ARCHIVE_CONFIRMATION_PREFIX: Final = "older-than:"
 MAX_ARCHIVE_AGE_SECONDS: Final = 100 * 365 * 24 * 3600

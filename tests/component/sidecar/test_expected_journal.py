@@ -61,13 +61,13 @@ async def test_the_operators_client_reads_the_refusal_as_certain(make_client: An
         client = SidecarClient(session, Endpoint(f"127.0.0.1:{c.server.port}",
                                                  AUTH["Authorization"].split()[1]))
         with pytest.raises(SidecarFailure) as refused:
-            await client.start(request, "k1", journal_id="another-journal")
+            await client.start(request, "k1", expected_journal_id="another-journal")
         assert (refused.value.code, refused.value.http_status) == (JOURNAL_MISMATCH_CODE, 412)
         assert refused.value.category is FailureCategory.PERMANENT
         assert not refused.value.uncertain, "nothing was admitted: no outcome to learn"
         assert c.sidecar.runtime.journal.get("team-a/job-1") is None
-        admitted = await client.start(request, "k1",
-                                      journal_id=c.sidecar.runtime.journal.journal_id)
+        admitted = await client.start(
+            request, "k1", expected_journal_id=c.sidecar.runtime.journal.journal_id)
         assert admitted.http_status == 202
         assert admitted.journal_id == c.sidecar.runtime.journal.journal_id
 
