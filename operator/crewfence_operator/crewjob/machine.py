@@ -587,16 +587,20 @@ def _before_admission(ctx: _Ctx) -> Decision:
     if unasked:
         return ctx.decision(Probe(unasked))
     known = [(r, a) for r in crew.replicas
-             if isinstance(a := probes.get(r.ordinal), Lookup) and a.known]
+             if isinstance(a := probes.get(r.ordinal), Lookup) and a.known
+             and _probe_agrees(r, a)]
     if known:
         known.sort(key=lambda ra: (ra[1].record is None, ra[0].ordinal))
         return _attach_found(ctx, *known[0])
-    silent = [r for r in crew.replicas if not isinstance(probes.get(r.ordinal), Lookup)]
+    silent = [r for r in crew.replicas if not _probe_agrees(r, probes.get(r.ordinal))]
     if silent:
         names = ", ".join(_silent_label(r, probes.get(r.ordinal)) for r in silent)
+        # a probe answered from another journal is asked again (the Crew's entry may move)
+        kept = {o: a for o, a in probes.items()
+                if not (isinstance(a, Lookup) and not _probe_agrees(crew.replica(o), a))}
         return ctx.wait(s.retry_seconds, Phase.PENDING, Reason.WAITING_FOR_REPLICAS,
                         f"replica(s) {names} of Crew {spec.crew!r} may hold this action's journal "
-                        "and cannot answer; waiting before any admission")
+                        "and cannot answer; waiting before any admission", probes=kept)
     if spec.cancel:
         return ctx.finish(outcome.cancelled_before_admission())
     if obs.gate.refusal is not None:
@@ -669,7 +673,24 @@ def _still_full(ctx: _Ctx, journals: Mapping[int, str | None]) -> set[int]:
 def _silent_label(replica: Replica, answer: ProbeAnswer | None) -> str:
     if isinstance(answer, SidecarFailure):
         return f"{replica.label}: {answer.category.value}/{answer.code}"
+    if isinstance(answer, Lookup):
+        return (f"{replica.label}: answered from journal {answer.journal_id}, not the Crew's "
+                f"{replica.journal_id}")
     return f"{replica.label}: no address"
+
+
+def _probe_agrees(replica: Replica | None, answer: ProbeAnswer | None) -> bool:
+    """A probe answered, from the journal the Crew's entry lists for the replica.
+
+    Invariant (I1, I4: a probe speaks for the listed journal only): the address may reach
+    another journal than the entry's (a replaced pod on another claim, a reused pod IP, a
+    journal the entry does not list yet). Such an answer neither attaches the job nor clears
+    the replica for an admission elsewhere: the replica counts as silent until the entry and
+    the answer agree. A sidecar that names no journal is taken at its word (older sidecars).
+    """
+    if replica is None or not isinstance(answer, Lookup):
+        return False
+    return answer.journal_id is None or answer.journal_id == replica.journal_id
 
 
 def _journal_of(replica: Replica, answer: ProbeAnswer | None) -> str | None:

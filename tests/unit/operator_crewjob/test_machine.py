@@ -109,6 +109,25 @@ def test_all_unknown_admits_on_the_rendezvous_choice_with_the_assignment_in_the_
     assert d.step.journal_id == a["journalId"], "the admission names its journal"
 
 
+def test_a_probe_answered_from_another_journal_than_the_crews_admits_nowhere() -> None:
+    """I1/I4: replica 0's address answered from journal jX while the Crew lists j0: that
+    journal may not be the one the action lives in, so nothing is admitted anywhere (not even on
+    replica 1) and replica 0 is asked again; a found record there is not attached to either."""
+    probes = {0: Lookup(journal_id="jX"), 1: Lookup(journal_id="j1")}
+    d = m.decide(obs(replica(0), replica(1), memory=Memory(probes=probes)))
+    assert isinstance(d.step, Wait) and d.step.reason == Reason.WAITING_FOR_REPLICAS
+    assert "answered from journal jX, not the Crew's j0" in d.patch["message"]  # type: ignore
+    assert set(d.memory.probes) == {1}, "replica 0 is probed again"
+    found = {0: Lookup(record=record(), journal_id="jX"), 1: Lookup(journal_id="j1")}
+    d = m.decide(obs(replica(0), replica(1), memory=Memory(probes=found)))
+    assert isinstance(d.step, Wait) and not (d.patch or {}).get("assignment")
+    again = m.decide(obs(replica(0), replica(1), memory=d.memory))
+    assert isinstance(again.step, Probe) and [r.ordinal for r in again.step.replicas] == [0]
+    agreed = {0: Lookup(journal_id="j0"), 1: Lookup(journal_id="j1")}
+    assert isinstance(m.decide(obs(replica(0), replica(1),
+                                   memory=Memory(probes=agreed))).step, Admit)
+
+
 def test_draining_replicas_are_never_chosen() -> None:
     d = m.decide(obs(replica(0, state=ReplicaState.DRAINING), replica(1, ready=False),
                      memory=Memory(probes={0: Lookup(), 1: Lookup()})))
