@@ -86,6 +86,7 @@ def sidecar_env(
         "CREWFENCE_WORKER_MEMORY_MB": spec.worker_limits.memory_mib,
         "CREWFENCE_WORKER_CPU_SECONDS": spec.worker_limits.cpu_seconds,
         "CREWFENCE_WORKER_MAX_JOBS": spec.worker_limits.max_jobs,
+        "CREWFENCE_WORKER_NICE": spec.worker_limits.nice,
     }
     env.extend(_env(name, str(value)) for name, value in bounds.items() if value is not None)
     if j.resume_material:

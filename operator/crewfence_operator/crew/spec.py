@@ -59,6 +59,8 @@ class WorkerLimits:
     cpu_seconds: int | None = None
     max_jobs: int | None = None
     """Jobs one worker may run one after the other (the sidecar's default when None)."""
+    nice: int | None = None
+    """Nice levels each worker runs below the sidecar (the sidecar's default when None)."""
 
 
 @dataclass(frozen=True)
@@ -217,7 +219,8 @@ def parse_spec(raw: Mapping[str, Any] | None) -> CrewSpec:
     w_raw = raw.get("workerLimits") or {}
     worker_limits = WorkerLimits(memory_mib=_opt_int(w_raw, "memoryMiB"),
                                  cpu_seconds=_opt_int(w_raw, "cpuSeconds"),
-                                 max_jobs=_opt_int(w_raw, "maxJobs"))
+                                 max_jobs=_opt_int(w_raw, "maxJobs"),
+                                 nice=_opt_int(w_raw, "nice"))
     try:
         tools = parse_tools(raw.get("tools"))
     except (KeyError, TypeError, ValueError) as exc:

@@ -92,6 +92,20 @@ def test_spec_defaults_enums_and_bounds(crew_crd: dict[str, Any]) -> None:
     assert state["enum"] == [s.value for s in ReplicaState]
 
 
+@pytest.mark.parametrize("field, bound", [
+    ("memoryMiB", "worker_memory_mb"), ("cpuSeconds", "worker_cpu_seconds"),
+    ("maxJobs", "worker_max_jobs"), ("nice", "worker_nice")])
+def test_worker_limits_admit_only_what_the_sidecar_accepts(
+        crew_crd: dict[str, Any], field: str, bound: str) -> None:
+    """A value the API server admits reaches the sidecar as CREWFENCE_WORKER_*; outside the
+    sidecar's range the sidecar would refuse to start and the replica would crash-loop."""
+    from crewfence_sidecar.config import BOUNDS
+
+    limits = _schema(crew_crd)["properties"]["spec"]["properties"]["workerLimits"]["properties"]
+    b = BOUNDS[bound]
+    assert b.minimum <= limits[field]["minimum"] <= limits[field]["maximum"] <= b.maximum
+
+
 def _nullable_to_jsonschema(node: Any) -> Any:
     """OpenAPI 3.0 ``nullable`` -> JSON Schema type lists, so jsonschema can check status."""
     if isinstance(node, list):
