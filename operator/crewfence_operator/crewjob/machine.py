@@ -28,7 +28,11 @@ I4  Only an assigned claim that is gone (or a changed journal id) loses the jour
     the job within ``gone_grace_seconds`` as ``Failed``, uncertain, ``JournalLost``, with the
     recovery text. A missing Crew object, a replica the Crew no longer lists or a renamed
     claim, while the claim itself exists (or cannot be read), means wait, with a reason that
-    names it; the job continues once a Crew serves the claim again.
+    names it; the job continues once a Crew serves the claim again. A changed journal id is
+    read from the Crew's entry for the replica (the claim its pod mounts and that pod's
+    journal id) alone: an answer at the replica's address from another journal, a probe's
+    included, decides nothing and is asked again (the address may reach another pod), and an
+    admission names its assigned journal, so another journal admits nothing (412).
 I5  Every uncertain verdict carries its reason and recovery text (``outcome.RECOVERY``), and the
     record's ``uncertain_outcome`` and error ``code`` decide verdicts
     (``outcome.verdict_from_record``).
