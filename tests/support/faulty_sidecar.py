@@ -61,19 +61,14 @@ def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class FaultySidecar:
     def __init__(self, *, token: str = "test-token", journal_id: str = "journal-a",
                  crew_id: str = "research") -> None:
         self.token = token
         self.journal_id = journal_id
         self.crew_id = crew_id
-        self.port = _free_port()
+        self.port = 0
+        """Chosen by the kernel at the first :meth:`start` and kept: a restart binds it again."""
         self.jobs: dict[str, Job] = {}
         self.admissions: dict[str, int] = defaultdict(int)
         """Admissions that created a record, per action id, over the double's whole life."""
@@ -105,7 +100,13 @@ class FaultySidecar:
         app.router.add_post("/jobs/{action_id}" + contract.RECORDED_SUFFIX, self._recorded)
         runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=0.1)
         await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", self.port, reuse_address=True).start()
+        # Bound here, not probed free and bound later: a port released between the two is
+        # anyone's (CI's other workers took one), and a restart must keep the address.
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", self.port))
+        self.port = int(sock.getsockname()[1])
+        await web.SockSite(runner, sock).start()
         self._runner = runner
 
     async def stop(self) -> None:
