@@ -614,7 +614,8 @@ def _before_admission(ctx: _Ctx) -> Decision:
     if obs.hold.held:  # I9
         return ctx.wait(s.retry_seconds, Phase.PENDING, obs.hold.reason,
                         obs.hold.message or "held: nothing is admitted")
-    journals = {r.ordinal: _journal_of(r, probes.get(r.ordinal)) for r in crew.replicas}
+    # every probe answered from the journal its entry lists (``_probe_agrees``, above)
+    journals = {r.ordinal: r.journal_id for r in crew.replicas}
     full = _still_full(ctx, journals)
     eligible = [r for r in crew.replicas
                 if r.state is ReplicaState.ACTIVE and r.ready and not r.fenced and r.address
@@ -697,18 +698,11 @@ def _probe_agrees(replica: Replica | None, answer: ProbeAnswer | None) -> bool:
     return answer.journal_id is None or answer.journal_id == replica.journal_id
 
 
-def _journal_of(replica: Replica, answer: ProbeAnswer | None) -> str | None:
-    if isinstance(answer, Lookup) and answer.journal_id:
-        return answer.journal_id
-    return replica.journal_id
-
-
 def _attach_found(ctx: _Ctx, replica: Replica, lookup: Lookup) -> Decision:
     """A replica already knows the action (an exact repeat after delete + re-apply, or a
     restart): attach to it; never admit anywhere."""
     spec = ctx.spec
-    assignment = Assignment(replica.ordinal, replica.pod, replica.claim,
-                            _journal_of(replica, lookup))
+    assignment = Assignment(replica.ordinal, replica.pod, replica.claim, replica.journal_id)
     if lookup.record is None:
         return ctx.finish(_archived(lookup), None, assignment)
     record = lookup.record
