@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -71,8 +73,9 @@ def serve(base: Path, port_file: Path) -> None:
         return web.json_response({"inside": statistics.median(inside)})
 
     app = web.Application()
+    # /jobs: the sidecar's admission route, so a client sends both servers the same request
     for path, handler in (("/empty", empty), ("/fsync", fsync), ("/admit", admit),
-                          ("/in-a-row", in_a_row)):
+                          ("/jobs", admit), ("/in-a-row", in_a_row)):
         app.router.add_post(path, handler)
     app.router.add_get("/stats", stats)
 
@@ -86,10 +89,9 @@ def serve(base: Path, port_file: Path) -> None:
     asyncio.run(main())
 
 
-async def measure(port: int, base: Path, n: int) -> dict[str, Any]:
+async def measure(url: str, base: Path, n: int) -> dict[str, Any]:
     import aiohttp
 
-    url = f"http://127.0.0.1:{port}"
     fd = os.open(base / "client-probe", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     lat: dict[str, list[float]] = {k: [] for k in ("raw", "empty", "fsync", "admit")}
     rows: list[float] = []
@@ -114,6 +116,25 @@ async def measure(port: int, base: Path, n: int) -> dict[str, Any]:
     return out
 
 
+@contextlib.contextmanager
+def floor_server(base: Path) -> Iterator[str]:
+    """The bare floor server in its own process (state under ``base``): its base URL."""
+    port_file = base / "floor-port"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(Path(__file__).parent), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    proc = subprocess.Popen([sys.executable, __file__, "--serve", str(base), str(port_file)],
+                            env=env)
+    try:
+        while not (port_file.exists() and port_file.read_text()):
+            if proc.poll() is not None:
+                raise SystemExit("the floor server exited")
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{int(port_file.read_text())}"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--n", type=int, default=300, help="samples of each (default 300)")
@@ -125,22 +146,10 @@ def main() -> int:
         return 0
     with tempfile.TemporaryDirectory(prefix="crewfence-floor-", dir=args.dir) as tmp:
         base = Path(tmp)
-        port_file = base / "port"
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            [str(Path(__file__).parent), *filter(None, [os.environ.get("PYTHONPATH")])])}
-        proc = subprocess.Popen([sys.executable, __file__, "--serve", str(base), str(port_file)],
-                                env=env)
-        try:
-            while not (port_file.exists() and port_file.read_text()):
-                if proc.poll() is not None:
-                    raise SystemExit("the floor server exited")
-                time.sleep(0.05)
+        with floor_server(base) as url:
             start = Path("/proc/loadavg").read_text().split()[:3]
-            r = asyncio.run(measure(int(port_file.read_text()), base, args.n))
+            r = asyncio.run(measure(url, base, args.n))
             end = Path("/proc/loadavg").read_text().split()[:3]
-        finally:
-            proc.kill()
-            proc.wait()
     raw = r["raw"]
     print(f"load average at the start / end: {' '.join(start)} / {' '.join(end)}")
     for key, label in (("raw", "raw 256 B append + fsync (client)"),
