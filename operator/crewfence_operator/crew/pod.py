@@ -87,6 +87,8 @@ def sidecar_env(
         "CREWFENCE_WORKER_CPU_SECONDS": spec.worker_limits.cpu_seconds,
         "CREWFENCE_WORKER_MAX_JOBS": spec.worker_limits.max_jobs,
         "CREWFENCE_WORKER_NICE": spec.worker_limits.nice,
+        "CREWFENCE_WORKER_SPARES": spec.worker_limits.spares,
+        "CREWFENCE_WORKER_MAX_RSS_MB": spec.worker_limits.max_rss_mib,
     }
     env.extend(_env(name, str(value)) for name, value in bounds.items() if value is not None)
     if j.resume_material:

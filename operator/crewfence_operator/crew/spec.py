@@ -61,6 +61,10 @@ class WorkerLimits:
     """Jobs one worker may run one after the other (the sidecar's default when None)."""
     nice: int | None = None
     """Nice levels each worker runs below the sidecar (the sidecar's default when None)."""
+    spares: int | None = None
+    """Idle workers forked ahead and warmed up (the sidecar's default when None)."""
+    max_rss_mib: int | None = None
+    """Resident memory at which a worker exits after its job instead of taking another."""
 
 
 @dataclass(frozen=True)
@@ -220,7 +224,9 @@ def parse_spec(raw: Mapping[str, Any] | None) -> CrewSpec:
     worker_limits = WorkerLimits(memory_mib=_opt_int(w_raw, "memoryMiB"),
                                  cpu_seconds=_opt_int(w_raw, "cpuSeconds"),
                                  max_jobs=_opt_int(w_raw, "maxJobs"),
-                                 nice=_opt_int(w_raw, "nice"))
+                                 nice=_opt_int(w_raw, "nice"),
+                                 spares=_opt_int(w_raw, "spares"),
+                                 max_rss_mib=_opt_int(w_raw, "maxRssMiB"))
     try:
         tools = parse_tools(raw.get("tools"))
     except (KeyError, TypeError, ValueError) as exc:

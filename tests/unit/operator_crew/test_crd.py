@@ -94,7 +94,8 @@ def test_spec_defaults_enums_and_bounds(crew_crd: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize("field, bound", [
     ("memoryMiB", "worker_memory_mb"), ("cpuSeconds", "worker_cpu_seconds"),
-    ("maxJobs", "worker_max_jobs"), ("nice", "worker_nice")])
+    ("maxJobs", "worker_max_jobs"), ("nice", "worker_nice"), ("spares", "worker_spares"),
+    ("maxRssMiB", "worker_max_rss_mb")])
 def test_worker_limits_admit_only_what_the_sidecar_accepts(
         crew_crd: dict[str, Any], field: str, bound: str) -> None:
     """A value the API server admits reaches the sidecar as CREWFENCE_WORKER_*; outside the
