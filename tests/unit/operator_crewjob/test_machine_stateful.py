@@ -736,9 +736,11 @@ def test_scenario_a_renamed_claim_waits_and_the_restored_claim_continues() -> No
     assert (world.status["phase"], world.admissions) == ("Succeeded", 1)
 
 
-@pytest.mark.xfail(strict=True, reason="known gap (not reachable today: claim names are fixed "
-                   "<crew>-state-<ordinal>): a NEW CrewJob object probes only the claims the "
-                   "Crew serves, so a record on a claim renamed away is not found")
+@pytest.mark.xfail(strict=True, reason="known gap (docs/reliability.md, 'Known gap in the "
+                   "fences'): reachable by editing storage.existingClaim of a one-replica Crew "
+                   "after a CrewJob finished, then deleting and re-applying that CrewJob; a NEW "
+                   "CrewJob object probes only the claims the Crew serves, so its record on the "
+                   "claim renamed away is not found")
 def test_known_gap_reapply_while_a_claim_is_renamed_away() -> None:
     world = CrewJobWorld()
     world.setup(replicas=1, name="a")
