@@ -1,6 +1,9 @@
 """A real MCP server for the effect-ledger tests (the ``mcp`` package's FastMCP on loopback):
-``python mcp_ledger_server.py PORT LEDGER_FILE [TRANSPORT]``, TRANSPORT ``streamable-http``
-(the default; endpoint ``/mcp``) or ``sse`` (``/sse``, messages POSTed to ``/messages/``).
+``python mcp_ledger_server.py PORT LEDGER_FILE [TRANSPORT [PORT_FILE]]``, TRANSPORT
+``streamable-http`` (the default; endpoint ``/mcp``) or ``sse`` (``/sse``, messages POSTed to
+``/messages/``). PORT 0 lets the kernel choose a free port; once the server listens, the port
+it bound is written to PORT_FILE (atomically: the file appears complete or not at all), so a
+test needs no port that was probed free and bound later (another process can take it between).
 
 ``create_ticket(title, sleep=0)`` appends one JSON line to LEDGER_FILE (outside any sidecar
 state dir; fsync'd BEFORE it sleeps, so a test can await the line and then kill the sidecar
@@ -15,12 +18,14 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 import time
 from pathlib import Path
 from typing import Any, Literal
 
 import anyio
+import uvicorn
 from mcp.server.fastmcp import Context, FastMCP
 from mcp.types import Tool
 
@@ -54,9 +59,37 @@ class CountingServer(FastMCP):
         return [t for t in tools if t.name != "late_ticket"]
 
 
+class ReportingServer(uvicorn.Server):
+    """Writes the port it listens on to ``port_file`` (when given) once it listens."""
+
+    def __init__(self, config: uvicorn.Config, port_file: Path | None) -> None:
+        super().__init__(config)
+        self.port_file = port_file
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        if self.started and self.port_file is not None and sockets:
+            partial = self.port_file.with_name(self.port_file.name + ".partial")
+            partial.write_text(str(sockets[0].getsockname()[1]), encoding="utf-8")
+            partial.replace(self.port_file)
+
+
+def serve(server: FastMCP, transport: Literal["streamable-http", "sse"], port: int,
+          port_file: Path | None) -> None:
+    """What ``server.run(transport)`` does (same app, uvicorn settings and event loop), on a
+    socket bound here: with PORT 0 only this process knows the port the kernel chose."""
+    app = server.sse_app() if transport == "sse" else server.streamable_http_app()
+    # like uvicorn's own bind (asyncio's create_server): SO_REUSEADDR, so an explicit PORT
+    # left in TIME_WAIT by an earlier server binds as it did under server.run
+    sock = socket.create_server((server.settings.host, port))
+    config = uvicorn.Config(app, log_level=server.settings.log_level.lower())
+    anyio.run(ReportingServer(config, port_file).serve, [sock])
+
+
 def main() -> None:
     port, ledger = int(sys.argv[1]), Path(sys.argv[2])
     named = sys.argv[3] if len(sys.argv) > 3 else "streamable-http"
+    port_file = Path(sys.argv[4]) if len(sys.argv) > 4 else None
     if named not in ("streamable-http", "sse"):
         sys.exit(f"unknown transport {named!r}: streamable-http or sse")
     transport: Literal["streamable-http", "sse"] = "sse" if named == "sse" else "streamable-http"
@@ -90,7 +123,7 @@ def main() -> None:
         """Create a late ticket (listed only once the server has gained it)."""
         return f"late ticket created: {title}"
 
-    server.run(transport=transport)
+    serve(server, transport, port, port_file)
 
 
 if __name__ == "__main__":

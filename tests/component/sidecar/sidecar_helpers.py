@@ -160,21 +160,22 @@ def mcp_ledger_server(where: Path,
                       transport: str = "streamable-http") -> Iterator[tuple[str, Path]]:
     """(URL, ledger file) of the real MCP test server (``tests/support/mcp_ledger_server.py``)
     on loopback, over ``transport`` (``streamable-http`` or ``sse``), while the block runs;
-    its ledger and log go in ``where``."""
-    ledger, port = where / "tickets.jsonl", free_port()
+    its ledger and log go in ``where``. The server binds port 0 itself and writes the port it
+    got to a file once it listens (a port probed free here could be taken before it binds)."""
+    ledger, port_file = where / "tickets.jsonl", where / "server.port"
     log = where / "server.log"
+    port_file.unlink(missing_ok=True)  # never an earlier server's port
     with log.open("wb") as err:
         proc = subprocess.Popen([sys.executable, str(SUPPORT / "mcp_ledger_server.py"),
-                                 str(port), str(ledger), transport],
+                                 "0", str(ledger), transport, str(port_file)],
                                 stdout=subprocess.DEVNULL, stderr=err)
 
-    def listening() -> bool:
+    def listening() -> int | None:
         assert proc.poll() is None, log.read_text()
-        with socket.socket() as s:
-            return s.connect_ex(("127.0.0.1", port)) == 0
+        return int(port_file.read_text()) if port_file.exists() else None
 
     try:
-        wait_until(listening, 60, "the MCP server to listen")
+        port = wait_until(listening, 60, "the MCP server to listen")
         yield f"http://127.0.0.1:{port}/{'sse' if transport == 'sse' else 'mcp'}", ledger
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -255,13 +256,32 @@ def sidecar_env(state_file: Path | None, crews_file: Path, **more: str) -> dict[
     return {k: v for k, v in env.items() if v != ""}
 
 
+@contextlib.contextmanager
+def reserved_port() -> Iterator[int]:
+    """A loopback port held, while the block runs, by a socket bound with SO_REUSEADDR that
+    never listens. Connecting to it is refused, and no other process is handed it for port 0
+    or can bind it without SO_REUSEADDR; a server that binds it explicitly WITH SO_REUSEADDR
+    (asyncio's and so aiohttp's default on POSIX, as the sidecar does) still binds and listens
+    (Linux: a reuse bind conflicts only with a listening socket)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", 0))
+        yield int(s.getsockname()[1])
+
+
 def refused_start(tmp_path: Path, env: dict[str, str], *args: str) -> str:
-    """Run the sidecar expecting a refusal: exit 2, one stderr line, port never bound."""
-    port = free_port()
-    proc = SidecarProcess(list(args), {**env, "CREWFENCE_PORT": str(port)},
-                          tmp_path / f"refused-{port}.log").start()
-    assert proc.wait_exit(60) == 2
-    assert port_is_closed(port)
+    """Run the sidecar expecting a refusal: exit 2, one stderr line, port never bound.
+
+    The port is held by :func:`reserved_port` throughout instead of being probed free and
+    released, so another test process is not handed it meanwhile (only one that had already
+    picked this number, racily, and binds it with SO_REUSEADDR could still listen there: a
+    false failure, never a false pass). A sidecar that wrongly starts can still bind it: it
+    would listen and not exit (``wait_exit`` fails), not refuse with "cannot bind"."""
+    with reserved_port() as port:
+        proc = SidecarProcess(list(args), {**env, "CREWFENCE_PORT": str(port)},
+                              tmp_path / f"refused-{port}.log").start()
+        assert proc.wait_exit(60) == 2
+        assert port_is_closed(port)
     lines = proc.stderr_text().strip().splitlines()
     assert len(lines) == 1, lines
     assert lines[0].startswith("crewfence-sidecar: error: ")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -9,6 +10,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -25,35 +27,38 @@ class Sidecar:
     proc: subprocess.Popen[bytes]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _listening_port(log: Path) -> int | None:
+    """The port from the sidecar's JSON ``"msg": "listening"`` line on stderr, once logged."""
+    for line in log.read_text(errors="replace").split("\n")[:-1]:  # complete lines only
+        if line.startswith("{"):
+            entry = json.loads(line)
+            if entry.get("msg") == "listening":
+                return int(entry["port"])
+    return None
 
 
 @pytest.fixture(scope="module")
 def sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sidecar]:
-    port = _free_port()
+    # CREWFENCE_PORT=0: the sidecar binds a port the kernel chooses and logs it (a port probed
+    # free here and bound by the child later can be taken by another xdist worker between)
     work = tmp_path_factory.mktemp("sidecar")
     env = dict(os.environ, CREWFENCE_REGISTRY="crewfence_sidecar.samples:SAMPLE_CREWS",
-               CREWFENCE_EPHEMERAL="1", CREWFENCE_HOST="127.0.0.1", CREWFENCE_PORT=str(port),
+               CREWFENCE_EPHEMERAL="1", CREWFENCE_HOST="127.0.0.1", CREWFENCE_PORT="0",
                CREWFENCE_TOKEN=TOKEN, CREWFENCE_ALLOWED_OPERATIONS="run,knowledge_query",
                CREWAI_STORAGE_DIR=str(work / "crewai"), HOME=str(work))
-    proc = subprocess.Popen([sys.executable, "-m", "crewfence_sidecar.cli"], env=env,
-                            cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    log = work / "sidecar.log"  # a file, not a pipe: nothing read later can fill and block it
+    with log.open("wb") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "crewfence_sidecar.cli"], env=env,
+                                cwd=work, stdout=subprocess.DEVNULL, stderr=err)
     deadline = time.monotonic() + 120
-    while True:
+    while (port := _listening_port(log)) is None:
         if proc.poll() is not None:
-            err = proc.stderr.read().decode() if proc.stderr else ""
-            raise AssertionError(f"sidecar exited: {err[-2000:]}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                break
-        except OSError:
-            if time.monotonic() > deadline:
-                proc.kill()
-                raise AssertionError("sidecar did not start listening") from None
-            time.sleep(0.2)
+            raise AssertionError(f"sidecar exited: {log.read_text(errors='replace')[-2000:]}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            proc.wait(10)
+            raise AssertionError("sidecar did not start listening")
+        time.sleep(0.2)
     yield Sidecar(f"127.0.0.1:{port}", proc)
     proc.kill()
     proc.wait(10)
@@ -124,10 +129,15 @@ async def test_cancel_a_slow_job(client: SidecarClient) -> None:
 
 
 async def test_refused_connection_is_transport_and_certain() -> None:
-    async with aiohttp.ClientSession() as session:
-        dead = SidecarClient(session, Endpoint(f"127.0.0.1:{_free_port()}", TOKEN))
-        with pytest.raises(SidecarFailure) as info:
-            await dead.start(req("team-a/dead", "bees"), "k")
+    # a port this test holds bound but never listens on: connecting is refused, and no other
+    # process can listen there meanwhile (a port probed free and released could be taken)
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        port = held.getsockname()[1]
+        async with aiohttp.ClientSession() as session:
+            dead = SidecarClient(session, Endpoint(f"127.0.0.1:{port}", TOKEN))
+            with pytest.raises(SidecarFailure) as info:
+                await dead.start(req("team-a/dead", "bees"), "k")
     assert info.value.category is FailureCategory.TRANSPORT and not info.value.uncertain
 
 
