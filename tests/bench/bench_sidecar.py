@@ -353,7 +353,7 @@ async def bench_admission(base: Path, crews: Path, n_adm: int, *, quick: bool
     small = start_sidecar(base, "small", small_dir / "journal.db", crews, **common)
     big = start_sidecar(base, "big", big_dir / "journal.db", crews, **common)
     try:
-        with floor_server(private_dir(base, "floor")) as floor_url:
+        with floor_server(private_dir(base, "bare-admit")) as floor_url:
             wait_listening(small)
             wait_listening(big)
             results.update(await _admissions(small, big, floor_url, n_adm))
