@@ -4,8 +4,10 @@ The API server fences shared writable state by itself (``admission.py``: two
 ValidatingAdmissionPolicies with the Crews as params), also while the operator is down. What is
 left for this webhook needs a PersistentVolumeClaim's labels: a pod mounting a claim labelled
 ``crewfence.dev/role: state`` whose Crew is gone or no longer names it, and a Crew naming such a
-claim as ``existingClaim``. ``webhooks.yaml``'s matchConditions keep every other request away
-(a pod without claims never reaches this server; see the admission request counter).
+claim as ``existingClaim``. It also warns (never denies) when an update moves replica 0 off a
+claim that served it (``claim_move_warning``). ``webhooks.yaml``'s matchConditions keep every
+other request away (a pod without claims never reaches this server; see the admission request
+counter).
 
 Invariants kept here:
 
@@ -98,17 +100,59 @@ async def _crew_problem(spec: Mapping[str, Any], name: str, namespace: str | Non
     return existing_claim_problem(name, claim_name, claim, crews)
 
 
+def replica_zero_claim(name: str, spec: Mapping[str, Any] | None) -> str:
+    """The claim replica 0 of Crew ``name`` uses under ``spec``."""
+    existing = ((spec or {}).get("storage") or {}).get("existingClaim")
+    return str(existing) if existing else c.claim_name(name, 0)
+
+
+def claim_move_warning(
+    name: str, old: Mapping[str, Any] | None, new_spec: Mapping[str, Any]
+) -> str | None:
+    """A warning for an update that moves replica 0 off a claim that served it, else None.
+
+    Why a warning and not a denial (docs/reliability.md, "Known gap in the fences"): the move
+    is what an ``existingClaim`` edit is for, and a CrewJob that holds its assignment waits
+    for the old claim however long. But the old claim keeps its journal unserved: a CrewJob
+    of an action recorded there that is deleted and re-applied (a GitOps prune and resync, a
+    ``ttlSecondsAfterFinished``) probes only the served claim and runs the action again. So
+    the person making the move is told, at the moment it is made, with the records the
+    Crew's status last counted there (names and counts only).
+    """
+    if not old:
+        return None
+    before = replica_zero_claim(name, old.get("spec"))
+    after = replica_zero_claim(name, new_spec)
+    if before == after:
+        return None
+    replicas = (old.get("status") or {}).get("replicas") or []
+    served = next((r for r in replicas if isinstance(r, Mapping) and r.get("ordinal") == 0
+                   and r.get("claim") == before), None)
+    if served is None:
+        return None  # the old claim never served replica 0 as far as the status shows
+    held = served.get("retainedRuns")
+    holding = f"{held} record(s) and its tombstones" if isinstance(held, int) else "its records"
+    return (f'Crew "{name}": replica 0 moves from claim "{before}" to "{after}"; "{before}" '
+            f"keeps {holding} but is no longer served. A CrewJob whose action it holds, if "
+            f'deleted and applied again, is not found on "{after}" and runs a second time: '
+            f'keep such CrewJobs, or serve "{before}" again before re-applying them')
+
+
 async def validate_crew(
-    spec: Mapping[str, Any], name: str | None, namespace: str | None, **_: Any
+    spec: Mapping[str, Any], name: str | None, namespace: str | None,
+    old: Mapping[str, Any] | None = None, warnings: list[str] | None = None, **_: Any
 ) -> None:
     metrics.observe_admission_request("crews")
     try:
         problem = await _crew_problem(spec, name or "", namespace)
+        warning = claim_move_warning(name or "", old, spec)
     except Exception as exc:
         _admit_unverified("the Crew", exc)
         return
     if problem:
         raise kopf.AdmissionError(problem, code=FORBIDDEN)
+    if warning and warnings is not None:
+        warnings.append(warning)
 
 
 async def _pod_problem(body: Mapping[str, Any], namespace: str | None) -> str | None:

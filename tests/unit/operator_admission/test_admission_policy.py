@@ -21,7 +21,8 @@ from crewfence_operator.crew.spec import parse_spec
 
 REPO = Path(__file__).resolve().parents[3]
 CHART_FILES = REPO / "charts" / "crewfence" / "files" / "admission"
-ENV = cel.NewEnv(variables={name: cel.Type.DYN for name in ("object", "params", "variables")})
+ENV = cel.NewEnv(variables={name: cel.Type.DYN
+                            for name in ("object", "oldObject", "params", "variables")})
 
 Obj = dict[str, Any]
 
@@ -219,3 +220,23 @@ def test_policy_objects_bind_every_policy_with_crews_as_params() -> None:
         assert b["spec"]["validationActions"] == ["Deny"]
     for p in policies:
         assert p["spec"]["paramKind"] == {"apiVersion": "crewfence.dev/v1alpha1", "kind": "Crew"}
+
+
+def test_the_crew_webhook_sees_a_crew_that_names_or_named_an_existing_claim() -> None:
+    """An update that drops ``existingClaim`` (replica 0 back on ``<crew>-state-0``) reaches
+    the webhook too, which warns about the claim left unserved; a Crew that never named one
+    does not."""
+    cfg = admission.webhook_configuration(admission.WebhookSettings(
+        name="x", client_config=lambda hook: {"url": f"https://h:1/{hook}"},
+        namespace_selector=admission.namespace_selector([])))
+    hook = {w["name"]: w for w in cfg["webhooks"]}["validate-crew.crewfence.dev"]
+    named = {"spec": {"storage": {"existingClaim": "team-state"}}}
+    plain: Obj = {"spec": {"storage": {}}}
+
+    def reaches(obj: Obj, old: Obj | None) -> bool:
+        return all(_eval(m["expression"], {"object": obj, "oldObject": old}) is True
+                   for m in hook["matchConditions"])
+
+    assert reaches(named, None) and reaches(named, plain) and reaches(plain, named)
+    assert not reaches(plain, None) and not reaches(plain, plain)
+    assert not reaches({"spec": {"replicas": 1}}, {"spec": {"replicas": 2}})

@@ -158,3 +158,51 @@ async def test_one_failed_lookup_still_denies_a_claim_tied_to_a_crew(
     with pytest.raises(kopf.AdmissionError) as err:
         await webhook.validate_pod(body=body, namespace="team-a")
     assert err.value.code == 403 and '"research-state-0"' in str(err.value)
+
+
+def _served(claim: str, retained: int | None = 3) -> dict[str, Any]:
+    """A Crew object as the API server sends it as ``oldObject``: spec and status."""
+    entry: dict[str, Any] = {"ordinal": 0, "claim": claim, "journalId": "j0"}
+    if retained is not None:
+        entry["retainedRuns"] = retained
+    spec = {"storage": {"existingClaim": claim}} if claim != "research-state-0" else {}
+    return {"spec": spec, "status": {"replicas": [entry]}}
+
+
+@pytest.mark.parametrize("before, after_spec", [
+    ("research-state-0", {"storage": {"existingClaim": "team-state"}}),
+    ("team-state", {"storage": {}}),
+    ("team-state", {"storage": {"existingClaim": "other-state"}}),
+])
+def test_moving_replica_zero_off_a_claim_that_served_it_is_warned(
+        before: str, after_spec: dict[str, Any]) -> None:
+    """The known gap (docs/reliability.md): the old claim keeps its journal unserved, so a
+    re-applied CrewJob of an action recorded there would run it again; whoever moves replica 0
+    is told so, with the records the status counted and both claim names."""
+    warning = webhook.claim_move_warning("research", _served(before), after_spec)
+    after = (after_spec["storage"].get("existingClaim") or "research-state-0")
+    assert warning is not None
+    assert f'"{before}" to "{after}"' in warning and "3 record(s)" in warning
+    assert "runs a second time" in warning
+    unknown = webhook.claim_move_warning("research", _served(before, retained=None), after_spec)
+    assert unknown is not None and "its records" in unknown
+
+
+def test_no_warning_without_a_move_or_a_served_claim() -> None:
+    old = _served("team-state")
+    assert webhook.claim_move_warning("research", old, old["spec"]) is None
+    assert webhook.claim_move_warning("research", None, {"storage": {}}) is None  # a create
+    never_served = {**old, "status": {"replicas": [{"ordinal": 0, "claim": "elsewhere"}]}}
+    assert webhook.claim_move_warning("research", never_served, {"storage": {}}) is None
+    assert webhook.claim_move_warning("research", {**old, "status": {}}, {"storage": {}}) is None
+
+
+async def test_validate_crew_answers_a_move_with_a_warning_not_a_denial(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kube, "list_crews", lambda namespace: [])
+    monkeypatch.setattr(kube, "get_claim", lambda namespace, name: None)
+    warnings: list[str] = []
+    await webhook.validate_crew(spec={"storage": {"existingClaim": "team-state"}},
+                                name="research", namespace="team-a",
+                                old=_served("research-state-0"), warnings=warnings)
+    assert len(warnings) == 1 and '"research-state-0" to "team-state"' in warnings[0]
