@@ -106,10 +106,16 @@ def declared_names(text: str) -> set[str]:
     return names | sample_names(text)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def listening_port(log: Path) -> int | None:
+    """The port from the sidecar's JSON ``"msg": "listening"`` log line, once written."""
+    for line in log.read_text(errors="replace").split("\n")[:-1]:  # complete lines only
+        try:
+            entry = json.loads(line) if line.startswith("{") else None
+        except json.JSONDecodeError:  # stdout shares the file
+            continue
+        if isinstance(entry, dict) and entry.get("msg") == "listening":
+            return int(entry["port"])
+    return None
 
 
 @dataclass(frozen=True)
@@ -163,7 +169,6 @@ def wait_until(
 
 @pytest.fixture(scope="module")
 def sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sidecar]:
-    port = free_port()
     home = tmp_path_factory.mktemp("sidecar-home")
     env = {
         **os.environ,
@@ -175,11 +180,14 @@ def sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sidecar]:
         "CREWFENCE_REGISTRY": "crewfence_sidecar.samples:SAMPLE_CREWS",
         "CREWFENCE_EPHEMERAL": "1",
         "CREWFENCE_HOST": "127.0.0.1",
-        "CREWFENCE_PORT": str(port),
+        # port 0: the sidecar binds a port the kernel chooses and logs it (a port probed free
+        # here and bound by the child later could be taken by another process between)
+        "CREWFENCE_PORT": "0",
         "CREWFENCE_TOKEN": TOKEN,
     }
     env.pop("CREWFENCE_STATE_FILE", None)
-    log = (home / "sidecar.log").open("w")
+    log_file = home / "sidecar.log"
+    log = log_file.open("w")
     proc = subprocess.Popen(
         [str(VENV_BIN / "crewfence-sidecar")],
         env=env,
@@ -188,16 +196,17 @@ def sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sidecar]:
         stderr=subprocess.STDOUT,
         text=True,
     )
-    client = Sidecar(base=f"http://127.0.0.1:{port}")
 
-    def healthy() -> bool:
+    def healthy(client: Sidecar) -> bool:
         try:
             return client.call("GET", "/health")[0] == 200
         except OSError:
             return False
 
     try:
-        wait_until("the sidecar's /health", healthy, 120, proc)
+        port = wait_until("the sidecar to listen", lambda: listening_port(log_file), 120, proc)
+        client = Sidecar(base=f"http://127.0.0.1:{port}")
+        wait_until("the sidecar's /health", lambda: healthy(client), 120, proc)
         yield client
     finally:
         proc.terminate()
@@ -242,8 +251,15 @@ def test_sidecar_scrape_has_every_dashboard_metric(sidecar: Sidecar) -> None:
 def test_operator_endpoint_declares_every_dashboard_metric() -> None:
     from crewfence_operator import metrics
 
-    port = free_port()
-    metrics.serve(port, addr="127.0.0.1")
+    # metrics.serve keeps the server it starts to itself, so it cannot be given port 0 and
+    # asked which port it got: the port is held bound (SO_REUSEADDR, never listening) until
+    # the endpoint listens on it; its HTTPServer binds with SO_REUSEADDR, which Linux allows
+    # beside a socket that does not listen, and no other process is handed the port between
+    with socket.socket() as held:
+        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        held.bind(("127.0.0.1", 0))
+        port = int(held.getsockname()[1])
+        metrics.serve(port, addr="127.0.0.1")
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
         text = response.read().decode()
     wanted = {m for m in dashboard_metrics() if m.startswith("crewfence_operator_")}

@@ -154,10 +154,14 @@ def test_tools_are_rendered_and_header_secrets_are_read_only_files(
 
 
 # --- ToolsReady ----------------------------------------------------------------------------------
-def _closed_port() -> int:
+@pytest.fixture
+def dead_url() -> Iterator[str]:
+    """An MCP URL that refuses connections while the test runs: its port is held by a socket
+    bound without SO_REUSEADDR that never listens, so no other process can serve there (a port
+    probed free and released could be taken by another test's server meanwhile)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+        yield f"http://127.0.0.1:{s.getsockname()[1]}/mcp"
 
 
 @pytest.fixture
@@ -182,8 +186,8 @@ def answering_server() -> Iterator[str]:
 
 def test_tools_ready_names_the_unreachable_server(
         cluster: Cluster, operator_process: Operator, namespace: str,
-        answering_server: str) -> None:
-    dead = f"http://127.0.0.1:{_closed_port()}/mcp"
+        answering_server: str, dead_url: str) -> None:
+    dead = dead_url
     tools = {"mcpServers": [{"name": "up", "url": answering_server},
                             {"name": "down", "url": dead}]}
     assert apply_obj(cluster, crew("ready", tools, ["up", "down"], replicas=0),
@@ -314,23 +318,23 @@ LEDGER_SERVER = REPO / "tests" / "support" / "mcp_ledger_server.py"
 
 
 def start_ledger_server(ledger: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """The FastMCP test server (tests/support/mcp_ledger_server.py: ``PORT LEDGER_FILE``): one
-    JSON line per ``create_ticket`` call as it arrives (with the idempotency key it saw in
-    ``_meta`` and in the header), then it holds the call for its ``sleep`` argument."""
-    port = _closed_port()
-    proc = subprocess.Popen([sys.executable, str(LEDGER_SERVER), str(port), str(ledger)],
+    """The FastMCP test server (tests/support/mcp_ledger_server.py: ``PORT LEDGER_FILE
+    [TRANSPORT [PORT_FILE]]``): one JSON line per ``create_ticket`` call as it arrives (with
+    the idempotency key it saw in ``_meta`` and in the header), then it holds the call for its
+    ``sleep`` argument. It binds port 0 and writes the port it got to PORT_FILE once it
+    listens (a port probed free here could be taken by another process before it binds)."""
+    port_file = ledger.with_name(f"{ledger.name}.port")
+    port_file.unlink(missing_ok=True)  # never an earlier server's port
+    proc = subprocess.Popen([sys.executable, str(LEDGER_SERVER), "0", str(ledger),
+                             "streamable-http", str(port_file)],
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    url = f"http://127.0.0.1:{port}/mcp"
 
-    def up() -> bool | None:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return True
-        except OSError:
-            return None
+    def listening() -> int | None:
+        assert proc.poll() is None, f"the MCP ledger server exited with {proc.returncode}"
+        return int(port_file.read_text()) if port_file.exists() else None
 
-    wait_for(up, timeout=30, what="the MCP ledger server")
-    return proc, url
+    port = wait_for(listening, timeout=30, what="the MCP ledger server")
+    return proc, f"http://127.0.0.1:{port}/mcp"
 
 
 def ledger_lines(ledger: Path) -> list[dict[str, Any]]:

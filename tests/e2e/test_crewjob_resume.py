@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -39,28 +38,22 @@ pytestmark = pytest.mark.slow
 LEDGER_SERVER = REPO / "tests" / "support" / "mcp_ledger_server.py"
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def tickets(tmp_path: Path) -> Any:
-    ledger, port = tmp_path / "tickets.jsonl", _port()
-    proc = subprocess.Popen([sys.executable, str(LEDGER_SERVER), str(port), str(ledger)],
+    # the server binds port 0 and writes the port it got to port_file once it listens (a port
+    # probed free here could be taken by another process before it binds)
+    ledger, port_file = tmp_path / "tickets.jsonl", tmp_path / "mcp.port"
+    proc = subprocess.Popen([sys.executable, str(LEDGER_SERVER), "0", str(ledger),
+                             "streamable-http", str(port_file)],
                             env={**os.environ, "PYTHONUNBUFFERED": "1"},
                             stdout=subprocess.DEVNULL, stderr=(tmp_path / "mcp.log").open("wb"))
 
-    def up() -> bool | None:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return True
-        except OSError:
-            return None
+    def listening() -> int | None:
+        assert proc.poll() is None, (tmp_path / "mcp.log").read_text(errors="replace")
+        return int(port_file.read_text()) if port_file.exists() else None
 
     try:
-        wait_for(up, timeout=60, what="the MCP ledger server")
+        port = wait_for(listening, timeout=60, what="the MCP ledger server")
         yield f"http://127.0.0.1:{port}/mcp", ledger
     finally:
         proc.terminate()

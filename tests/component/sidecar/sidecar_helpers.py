@@ -115,13 +115,6 @@ async def close_in_process(made: list[tuple[Any, Any]]) -> None:
         sidecar.opened.close()
 
 
-def free_port() -> int:
-    """A loopback port nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def port_is_closed(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) != 0

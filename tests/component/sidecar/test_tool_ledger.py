@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +20,6 @@ import pytest
 from crewfence_sidecar.contract import EFFECT_EVENTS, summarize_effects
 from sidecar_helpers import (
     SidecarProcess,
-    free_port,
     headers,
     json_call,
     mcp_ledger_server,
@@ -327,11 +327,23 @@ def _listed_crews(url: str, down_url: str) -> str:
 
 
 @pytest.fixture
-def listed(desk: dict[str, Any], mcp_server: tuple[str, Path]) -> Iterator[dict[str, Any]]:
+def down_url() -> Iterator[str]:
+    """An MCP URL refused for as long as the test runs: its port is held by a socket bound
+    WITHOUT SO_REUSEADDR that never listens, so no other process can bind the port meanwhile
+    (``reserved_port``'s SO_REUSEADDR would still let in a server that binds it with
+    SO_REUSEADDR, as aiohttp and uvicorn do, and "down" would then answer)."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        yield f"http://127.0.0.1:{held.getsockname()[1]}/mcp"
+
+
+@pytest.fixture
+def listed(desk: dict[str, Any], mcp_server: tuple[str, Path],
+           down_url: str) -> Iterator[dict[str, Any]]:
     """A sidecar hosting :func:`_listed_crews`; ``lists()`` counts the ``tools/list`` calls
     its main process made to the MCP server (the workers' crewai client is not counted)."""
     crews = desk["tmp"] / "listed.yaml"
-    crews.write_text(_listed_crews(mcp_server[0], f"http://127.0.0.1:{free_port()}/mcp"))
+    crews.write_text(_listed_crews(mcp_server[0], down_url))
     lists_file = Path(f"{mcp_server[1]}.lists")
     late = Path(f"{mcp_server[1]}.late")
     late.unlink(missing_ok=True)

@@ -14,10 +14,12 @@ from crewfence_operator import readiness
 from crewfence_operator.config import OperatorConfig, WebhookConfig, WebhookMode
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _readiness_port() -> int:
+    """The port /readyz got: started on port 0, it is never a port probed free here and bound
+    later (another process could take it between); readiness keeps its runner to itself."""
+    runner = readiness._runner
+    assert runner is not None
+    return int(runner.addresses[0][1])
 
 
 @pytest.mark.parametrize(("connected", "admission", "ready"), [
@@ -36,30 +38,33 @@ async def test_readyz_follows_the_admission_port(monkeypatch: pytest.MonkeyPatch
 
     monkeypatch.setattr(readiness, "api_reachable", reachable)
     monkeypatch.setattr(readiness, "CACHE_SECONDS", 0.0)
-    webhook_port, port = _free_port(), _free_port()
-    cfg = OperatorConfig(metrics_addr="127.0.0.1", readiness_port=port,
-                         webhook=WebhookConfig(mode=WebhookMode.SERVICE, addr="0.0.0.0",
-                                               port=webhook_port))
-    await readiness.start(cfg)
-    try:
-        async with aiohttp.ClientSession() as session:
-            async def get() -> tuple[int, Any]:
-                async with session.get(f"http://127.0.0.1:{port}/readyz") as resp:
-                    return resp.status, json.loads(await resp.text())
+    # the admission port is this socket's from start to end: bound (refused) first, then the
+    # admission server listens on it; no other process can bind it meanwhile (no SO_REUSEADDR)
+    with socket.socket() as webhook:
+        webhook.bind(("127.0.0.1", 0))
+        cfg = OperatorConfig(metrics_addr="127.0.0.1", readiness_port=0,
+                             webhook=WebhookConfig(mode=WebhookMode.SERVICE, addr="0.0.0.0",
+                                                   port=webhook.getsockname()[1]))
+        await readiness.start(cfg)
+        try:
+            port = _readiness_port()
+            async with aiohttp.ClientSession() as session:
+                async def get() -> tuple[int, Any]:
+                    async with session.get(f"http://127.0.0.1:{port}/readyz") as resp:
+                        return resp.status, json.loads(await resp.text())
 
-            status, body = await get()
-            assert status == 503 and body == {"ready": False, "connected": True,
-                                              "admission": False}
-            server = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1",
-                                                webhook_port)
-            try:
                 status, body = await get()
-                assert status == 200 and body["admission"] is True
-            finally:
-                server.close()
-                await server.wait_closed()
-    finally:
-        await readiness.stop()
+                assert status == 503 and body == {"ready": False, "connected": True,
+                                                  "admission": False}
+                server = await asyncio.start_server(lambda r, w: w.close(), sock=webhook)
+                try:
+                    status, body = await get()
+                    assert status == 200 and body["admission"] is True
+                finally:
+                    server.close()
+                    await server.wait_closed()
+        finally:
+            await readiness.stop()
 
 
 async def test_unreachable_api_server_is_not_connected() -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -166,10 +166,13 @@ def test_tools_ready_is_a_crew_condition() -> None:
     assert "tickets (no answer within 2s)" in cond["message"]
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])  # closed again when the block ends: refused
+@pytest.fixture
+def refused_url() -> Iterator[str]:
+    """Refused for as long as the test runs: a port held bound, never listening, without
+    SO_REUSEADDR (so no other process can bind it and answer there meanwhile)."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        yield f"http://127.0.0.1:{held.getsockname()[1]}/mcp"
 
 
 @pytest.fixture
@@ -198,10 +201,10 @@ async def silent_server() -> AsyncIterator[str]:
 
 
 async def test_probe_any_http_answer_is_reachable_refused_and_silent_are_not(
-        http_server: str, silent_server: str) -> None:
+        http_server: str, silent_server: str, refused_url: str) -> None:
     tools = parse_tools({"mcpServers": [
         {"name": "up", "url": http_server},
-        {"name": "refused", "url": f"http://127.0.0.1:{_closed_port()}/mcp"},
+        {"name": "refused", "url": refused_url},
         {"name": "hung", "url": silent_server}]})
     loop = asyncio.get_running_loop()
     began = loop.time()
