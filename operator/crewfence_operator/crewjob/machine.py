@@ -61,7 +61,9 @@ I10 A finished action's usage is counted once in the per-Crew counters, whatever
     its record carries no ``recorded_at``, the mark an earlier CrewJob object of the same
     action set after its own terminal patch (I8). A CrewJob deleted and re-applied (GitOps
     prune and re-sync, ``ttlSecondsAfterFinished`` and re-sync) attaches to the same finished
-    record (I6) and writes its status, but adds nothing to the counters.
+    record (I6) and writes its status, but adds nothing to the counters. The same mark keeps
+    an uncertain outcome counted once (``uncertain_outcomes_total``); the new object still
+    gets its warning event.
 
 The admission gate: :class:`Gate` is the one place where a "wait: predecessor not resolved"
 check (``spec.supersedes``) plugs in; it is consulted only before the first admission.
@@ -517,9 +519,12 @@ class _Ctx:
                                output=output, configmap=cm, extra=extra)
         warning = None
         if verdict.uncertain:
+            # I10: the new object of a re-applied CrewJob warns too, but the outcome became
+            # uncertain once: only a record no earlier object recorded counts in the metric
+            first = record is None or record.recorded_at is None
             warning = Warning_(f"OutcomeUncertain{verdict.reason.value}",
                                f"{verdict.message}. {verdict.recovery}"[:1000],
-                               verdict.reason.value)
+                               verdict.reason.value if first else None)
         mark_on = None
         if record is not None and record.terminal and chosen is not None \
                 and self.obs.crew is not None:

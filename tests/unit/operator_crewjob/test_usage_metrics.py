@@ -41,6 +41,12 @@ def counters(namespace: str) -> dict[str, float]:
     return {name: metrics.REGISTRY.get_sample_value(name, labels) or 0.0 for name in COUNTERS}
 
 
+def uncertain_count(reason: str) -> float:
+    sample = metrics.REGISTRY.get_sample_value("crewfence_operator_uncertain_outcomes_total",
+                                               {"reason": reason})
+    return sample or 0.0
+
+
 def body_in(namespace: str, status: dict[str, Any] | None = None) -> dict[str, Any]:
     body = crewjob_body(status=status)
     body["metadata"]["namespace"] = namespace
@@ -126,6 +132,7 @@ async def test_a_finished_crewjob_adds_its_usage_and_calls_in_doubt_to_its_crews
     ``JobDriver.carry_out``)."""
     namespace = "usage-counted"
     before = counters(namespace)
+    uncertain_before = uncertain_count("SidecarRestarted")
     cluster = FakeCluster(crew=crew_obj(replica_entry(0, sidecar.address, "journal-0")))
     await finish_a_job_with_calls_in_doubt(namespace, sidecar, cluster)
     status = cluster.statuses["job-1"]
@@ -136,6 +143,7 @@ async def test_a_finished_crewjob_adds_its_usage_and_calls_in_doubt_to_its_crews
     after = counters(namespace)
     for name, (section, field) in COUNTERS.items():
         assert after[name] - before[name] == status[section][field], name
+    assert uncertain_count("SidecarRestarted") - uncertain_before == 1
     # another Crew's labels are untouched
     assert metrics.REGISTRY.get_sample_value("crewfence_operator_tool_calls_total",
                                              {"namespace": namespace, "crew": "other"}) is None
@@ -213,6 +221,7 @@ async def test_a_finished_crewjob_deleted_and_reapplied_counts_nothing_more(
     await finish_a_job_with_calls_in_doubt(namespace, sidecar, cluster)
     first = dict(cluster.statuses["job-1"])
     counted = counters(namespace)
+    uncertain = uncertain_count("SidecarRestarted")
     assert counted["crewfence_operator_tool_calls_total"] > 0
     action = f"{namespace}/job-1"
     assert sidecar.jobs[action].record.recorded_at is not None
@@ -226,4 +235,7 @@ async def test_a_finished_crewjob_deleted_and_reapplied_counts_nothing_more(
     assert (again["phase"], again["reason"]) == (first["phase"], first["reason"])
     assert again["usage"] == EXPECTED and again["effects"]["inDoubtCount"] == IN_DOUBT
     assert counters(namespace) == counted
+    assert again["uncertainOutcome"] is True
+    assert uncertain_count("SidecarRestarted") == uncertain, \
+        "the outcome became uncertain once, under the first object"
     assert sidecar.admissions[action] == 1
