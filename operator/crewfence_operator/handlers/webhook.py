@@ -125,8 +125,11 @@ def claim_move_warning(
     after = replica_zero_claim(name, new_spec)
     if before == after:
         return None
-    replicas = (old.get("status") or {}).get("replicas") or []
-    served = next((r for r in replicas if isinstance(r, Mapping) and r.get("ordinal") == 0
+    status = old.get("status") or {}
+    # a replica entry on the old claim, or (a Crew scaled to 0) the claim retained with its
+    # journal, which a scale back up would have served again
+    entries = [*(status.get("replicas") or []), *(status.get("retainedClaims") or [])]
+    served = next((r for r in entries if isinstance(r, Mapping) and r.get("ordinal") == 0
                    and r.get("claim") == before), None)
     if served is None:
         return None  # the old claim never served replica 0 as far as the status shows

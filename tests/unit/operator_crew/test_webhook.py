@@ -186,6 +186,11 @@ def test_moving_replica_zero_off_a_claim_that_served_it_is_warned(
     assert "runs a second time" in warning
     unknown = webhook.claim_move_warning("research", _served(before, retained=None), after_spec)
     assert unknown is not None and "its records" in unknown
+    scaled_to_zero = _served(before)
+    scaled_to_zero["status"] = {"replicas": [], "retainedClaims": [
+        {"ordinal": 0, "claim": before, "retainedRuns": 2, "reason": "Retain"}]}
+    retained = webhook.claim_move_warning("research", scaled_to_zero, after_spec)
+    assert retained is not None and "2 record(s)" in retained
 
 
 def test_no_warning_without_a_move_or_a_served_claim() -> None:
