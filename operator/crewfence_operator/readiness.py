@@ -81,11 +81,16 @@ class Checker:
 _runner: web.AppRunner | None = None
 
 
-async def start(cfg: config.OperatorConfig) -> None:
-    """Serve /readyz (idempotent)."""
+def _bound_port(runner: web.AppRunner) -> int:
+    return int(runner.addresses[0][1])
+
+
+async def start(cfg: config.OperatorConfig) -> int:
+    """Serve /readyz (idempotent); the port it listens on (``readiness_port`` 0: one the
+    kernel chose)."""
     global _runner
     if _runner is not None:
-        return
+        return _bound_port(_runner)
     checker = Checker(cfg)
 
     async def readyz(_: web.Request) -> web.Response:
@@ -98,6 +103,7 @@ async def start(cfg: config.OperatorConfig) -> None:
     await runner.setup()
     await web.TCPSite(runner, cfg.metrics_addr, cfg.readiness_port).start()
     _runner = runner
+    return _bound_port(runner)
 
 
 async def stop() -> None:

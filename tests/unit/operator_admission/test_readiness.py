@@ -14,14 +14,6 @@ from crewfence_operator import readiness
 from crewfence_operator.config import OperatorConfig, WebhookConfig, WebhookMode
 
 
-def _readiness_port() -> int:
-    """The port /readyz got: started on port 0, it is never a port probed free here and bound
-    later (another process could take it between); readiness keeps its runner to itself."""
-    runner = readiness._runner
-    assert runner is not None
-    return int(runner.addresses[0][1])
-
-
 @pytest.mark.parametrize(("connected", "admission", "ready"), [
     (True, None, True), (True, True, True), (True, False, False), (False, None, False),
     (False, True, False),
@@ -45,9 +37,10 @@ async def test_readyz_follows_the_admission_port(monkeypatch: pytest.MonkeyPatch
         cfg = OperatorConfig(metrics_addr="127.0.0.1", readiness_port=0,
                              webhook=WebhookConfig(mode=WebhookMode.SERVICE, addr="0.0.0.0",
                                                    port=webhook.getsockname()[1]))
-        await readiness.start(cfg)
+        # port 0: never a port probed free here and bound later (another process could
+        # take it between); start says which one it got
+        port = await readiness.start(cfg)
         try:
-            port = _readiness_port()
             async with aiohttp.ClientSession() as session:
                 async def get() -> tuple[int, Any]:
                     async with session.get(f"http://127.0.0.1:{port}/readyz") as resp:
