@@ -129,11 +129,16 @@ def load(settings: TemplateSettings) -> tuple[Any, dict[str, Any]]:
         definitions = load_crews_file(crews_file) if crews_file is not None else {}
     except (CatalogError, DefinitionError) as exc:
         return None, {"type": "startup_error", "message": f"crews: {exc}"}
-    from crewfence_sidecar.workers import crewai_locks, crewai_outputs_table
+    from crewfence_sidecar.workers import (
+        crewai_locks,
+        crewai_outputs_connection,
+        crewai_outputs_table,
+    )
     from crewfence_sidecar.workers.warmup import warm_up
 
     crewai_locks.install()  # workers inherit it: no 0.25 s polls when their kickoffs collide
     crewai_outputs_table.install()  # and this: no table creation at every crew build
+    crewai_outputs_connection.install()  # a worker keeps its connection (keep_in_this_process)
     warm_up()
     gc.freeze()  # the collector never writes to the template's objects in a worker (COW)
     return catalog, {"type": "ready", "crew_ids": catalog.crew_ids(),

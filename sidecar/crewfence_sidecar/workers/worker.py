@@ -39,6 +39,7 @@ from typing import Any, NoReturn
 
 from crewfence_sidecar.contract import MAX_TOOL_SETUP_MESSAGE_CHARS, ToolSetupError
 from crewfence_sidecar.runtime import JobContext
+from crewfence_sidecar.workers.crewai_outputs_connection import keep_in_this_process
 from crewfence_sidecar.workers.protocol import ProtocolError, frame, read_frame, write_frame
 from crewfence_sidecar.workers.reuse import MAX_REUSE_RSS_BYTES, JobBaseline, refusal
 from crewfence_sidecar.workers.settings import (
@@ -164,6 +165,7 @@ def run(channel_fd: int, close_fds: list[int], catalog: Any, settings: TemplateS
         # process ends in os._exit after its last outcome is sent, so no loop teardown
         # (cancelling crewai's leftover tasks, joining the default executor) delays it.
         runner = asyncio.Runner()
+        keep_in_this_process()  # after the fork: no SQLite connection crosses one
         if spare and settings.warm_workers:
             from crewfence_sidecar.workers.warmup import warm_up
 
