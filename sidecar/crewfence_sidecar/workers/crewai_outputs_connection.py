@@ -22,7 +22,8 @@ Invariants:
   connection only while no session of the thread holds it, and ``close`` rolls back whatever
   the session left open, as closing crewai's own connection would; a ``connect`` while the
   thread's connection is in a session (nested, or one never closed) gets a connection of its
-  own, crewai's stock behaviour.
+  own, crewai's stock behaviour. What a session set on the connection (``row_factory`` and
+  the like) is reset to a new connection's defaults before the next session.
 - The file written is the file at the path now: a path whose file was deleted or replaced
   since (another device or inode) gets a new connection, so crewai never writes to an
   unlinked file.
@@ -60,6 +61,12 @@ class _Session:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._conn, name)
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name.startswith("_"):
+            object.__setattr__(self, name, value)
+        else:  # row_factory and the like: the connection's, for this session
+            setattr(self._conn, name, value)
+
     def __enter__(self) -> sqlite3.Connection:
         return self._conn.__enter__()
 
@@ -85,6 +92,13 @@ def _identity(path: str) -> tuple[str, int, int] | None:
     return path, st.st_dev, st.st_ino
 
 
+def _as_fresh(conn: sqlite3.Connection) -> None:
+    """What a session may have set on the connection back to a new connection's defaults."""
+    conn.row_factory = None
+    conn.text_factory = str
+    conn.isolation_level = ""  # type: ignore[assignment]  # the default; typeshed omits it
+
+
 def connect(database: Any, *args: Any, **kwargs: Any) -> Any:
     """crewai's ``sqlite3.connect`` in its kickoff-outputs storage (see the module)."""
     if _owner_pid != os.getpid() or args or set(kwargs) - {"timeout"}:
@@ -105,6 +119,7 @@ def connect(database: Any, *args: Any, **kwargs: Any) -> Any:
         _local.kept = kept = _Kept(conn, opened)
     elif kept.conn.in_transaction:
         kept.conn.rollback()
+    _as_fresh(kept.conn)
     kept.in_session = True
     return _Session(kept)
 

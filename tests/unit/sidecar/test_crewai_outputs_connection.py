@@ -156,7 +156,7 @@ def test_a_nested_connect_gets_a_connection_of_its_own(
     with closing(outputs.sqlite3.connect(str(db), timeout=30)) as outer:
         with closing(outputs.sqlite3.connect(str(db), timeout=30)) as inner:
             assert type(inner) is sqlite3.Connection
-            assert inner is not getattr(outer, "_conn")
+            assert inner is not kept._local.kept.conn
         outer.execute("SELECT 1").fetchone()
 
 
@@ -199,3 +199,18 @@ def test_each_thread_writes_through_its_own_connection(
     assert errors == []
     assert _rows(db) == ["task-4", "task-5", "task-6"]
     assert opened == [str(db), str(db)]  # one per thread
+
+
+def test_what_a_session_set_on_the_connection_is_not_seen_by_the_next(
+        tmp_path: Path, opened: list[str]) -> None:
+    db = tmp_path / "latest_kickoff_task_outputs.db"
+    Storage(str(db))
+    kept.keep_in_this_process()
+    with closing(outputs.sqlite3.connect(str(db), timeout=30)) as first:
+        first.row_factory = sqlite3.Row
+        first.isolation_level = None
+        assert isinstance(first.execute("SELECT 1 AS one").fetchone(), sqlite3.Row)
+    with closing(outputs.sqlite3.connect(str(db), timeout=30)) as second:
+        assert second.execute("SELECT 1 AS one").fetchone() == (1,)
+        assert second.isolation_level == ""
+    assert opened == [str(db), str(db)]  # crewai's table, then the one kept connection
