@@ -51,6 +51,19 @@ def opened(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     yield paths
 
 
+def _session(db: Path) -> Any:
+    """One of crewai's sessions on the file, as its storage opens one."""
+    return closing(outputs.sqlite3.connect(str(db), timeout=30))
+
+
+def _kept_file(tmp_path: Path) -> Path:
+    """crewai's file with its table, in a process that keeps connections from now on."""
+    db = tmp_path / "latest_kickoff_task_outputs.db"
+    Storage(str(db))
+    kept.keep_in_this_process()
+    return db
+
+
 def _rows(db: Path) -> list[str]:
     with closing(_connect(db)) as conn:
         return [row[0] for row in conn.execute(
@@ -85,7 +98,7 @@ def test_the_kept_connection_commits_as_synced_as_crewais_own(
     with closing(_connect(db, timeout=30)) as stock:
         stock_sync = stock.execute("PRAGMA synchronous").fetchone()[0]
     kept.keep_in_this_process()
-    with closing(outputs.sqlite3.connect(str(db), timeout=30)) as session:
+    with _session(db) as session:
         assert session.execute("PRAGMA synchronous").fetchone()[0] == stock_sync == 2  # FULL
         assert session.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
@@ -96,7 +109,7 @@ def test_a_process_that_did_not_ask_gets_crewais_stock_connections(
     storage = Storage(str(db))
     _write_kickoff(storage, tasks=1)
     assert len(opened) == 1 + 3  # the table, the reset, the write, its update: one each
-    with closing(outputs.sqlite3.connect(str(db), timeout=30)) as conn:
+    with _session(db) as conn:
         assert type(conn) is sqlite3.Connection
 
 
@@ -150,11 +163,9 @@ def test_a_deleted_or_replaced_file_is_written_at_its_path(
 
 def test_a_nested_connect_gets_a_connection_of_its_own(
         tmp_path: Path, opened: list[str]) -> None:
-    db = tmp_path / "latest_kickoff_task_outputs.db"
-    Storage(str(db))
-    kept.keep_in_this_process()
-    with closing(outputs.sqlite3.connect(str(db), timeout=30)) as outer:
-        with closing(outputs.sqlite3.connect(str(db), timeout=30)) as inner:
+    db = _kept_file(tmp_path)
+    with _session(db) as outer:
+        with _session(db) as inner:
             assert type(inner) is sqlite3.Connection
             assert inner is not kept._local.kept.conn
         outer.execute("SELECT 1").fetchone()
@@ -162,16 +173,14 @@ def test_a_nested_connect_gets_a_connection_of_its_own(
 
 def test_what_a_session_left_open_is_rolled_back_at_its_close(
         tmp_path: Path, opened: list[str]) -> None:
-    db = tmp_path / "latest_kickoff_task_outputs.db"
-    Storage(str(db))
-    kept.keep_in_this_process()
+    db = _kept_file(tmp_path)
     session = outputs.sqlite3.connect(str(db), timeout=30)
     session.execute("BEGIN TRANSACTION")
     session.execute("INSERT INTO latest_kickoff_task_outputs (task_id, task_index) "
                     "VALUES ('left-open', 0)")
     session.close()
     assert _rows(db) == []
-    with closing(outputs.sqlite3.connect(str(db), timeout=30)) as again:
+    with _session(db) as again:
         assert not again.in_transaction
         again.execute("BEGIN TRANSACTION")  # not "within a transaction"
         again.execute("ROLLBACK")
@@ -203,14 +212,12 @@ def test_each_thread_writes_through_its_own_connection(
 
 def test_what_a_session_set_on_the_connection_is_not_seen_by_the_next(
         tmp_path: Path, opened: list[str]) -> None:
-    db = tmp_path / "latest_kickoff_task_outputs.db"
-    Storage(str(db))
-    kept.keep_in_this_process()
-    with closing(outputs.sqlite3.connect(str(db), timeout=30)) as first:
+    db = _kept_file(tmp_path)
+    with _session(db) as first:
         first.row_factory = sqlite3.Row
         first.isolation_level = None
         assert isinstance(first.execute("SELECT 1 AS one").fetchone(), sqlite3.Row)
-    with closing(outputs.sqlite3.connect(str(db), timeout=30)) as second:
+    with _session(db) as second:
         assert second.execute("SELECT 1 AS one").fetchone() == (1,)
         assert second.isolation_level == ""
     assert opened == [str(db), str(db)]  # crewai's table, then the one kept connection
