@@ -7,6 +7,9 @@ Runs in the child of the template's ``fork``. Invariants kept here:
   child processes included.
 - Dies with the template (``PR_SET_PDEATHSIG`` = SIGKILL): no orphan keeps calling a model.
 - Never touches the journal: it only writes frames on its channel; the sidecar persists them.
+- No SQLite connection crosses its fork: crewai's kickoff-outputs file is written through a
+  kept connection (``crewai_outputs_connection``) only from ``keep_in_this_process``, called
+  here after the fork; the template never keeps one.
 - Never returns into the template's loop: every path ends in ``os._exit``.
 - Its after-job work never competes with the recording of its outcome: a worker that may
   take another job waits, after its outcome frame, for the sidecar's ``recorded`` frame
