@@ -279,12 +279,13 @@ def _holds(pid: int, path: Path) -> bool:
     return any(os.readlink(fds / fd) == str(path) for fd in os.listdir(fds))
 
 
-def test_only_the_sidecar_holds_crewais_outputs_file_and_a_run_keeps_its_wal(
+def test_no_connection_to_crewais_outputs_file_crosses_a_fork_and_a_run_keeps_its_wal(
         tmp_path: Path, crews: Path, state: Path) -> None:
-    """Invariant (crewai_outputs_holder): the sidecar keeps crewai's kickoff-outputs file open,
-    opened after its worker template was forked, so neither the template nor a worker has that
-    connection; a run's writes then leave the WAL in place (no close is the file's last) and
-    crewai's outputs are in the file as before."""
+    """Invariants (crewai_outputs_holder, crewai_outputs_connection): the sidecar keeps
+    crewai's kickoff-outputs file open, opened after its worker template was forked, and the
+    template never opens it, so no worker inherits a connection to it; the worker that ran the
+    job writes through a connection of its own (kept after its fork). A run's writes leave
+    the WAL in place (no close is the file's last) and crewai's outputs are in the file."""
     storage = tmp_path / "crewai"
     proc = SidecarProcess([], sidecar_env(state / "journal.db", crews,
                                           CREWAI_STORAGE_DIR=str(storage)),
@@ -297,9 +298,11 @@ def test_only_the_sidecar_holds_crewais_outputs_file_and_a_run_keeps_its_wal(
         assert status == 200, body
         outputs = storage / OUTPUTS_FILE
         assert _holds(proc.proc.pid, outputs)
-        others = _descendants(proc.proc.pid)
-        assert others  # the template and its workers
-        assert not [pid for pid in others if _holds(pid, outputs)]
+        templates = [child for child, _ in children_of(proc.proc.pid)]
+        assert templates  # the worker template
+        assert not [pid for pid in templates if _holds(pid, outputs)]
+        workers = [pid for pid in _descendants(proc.proc.pid) if pid not in templates]
+        assert [pid for pid in workers if _holds(pid, outputs)]  # its own, after its fork
         assert outputs.with_name(OUTPUTS_FILE + "-wal").exists()
         with closing(sqlite3.connect(outputs)) as conn:
             rows = conn.execute("SELECT count(*) FROM latest_kickoff_task_outputs").fetchone()
